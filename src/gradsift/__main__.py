@@ -1,0 +1,7 @@
+"""``python -m gradsift`` runs the command line (also what ``torchrun -m gradsift`` uses)."""
+
+import sys
+
+from gradsift.cli import main
+
+sys.exit(main())

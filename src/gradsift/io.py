@@ -1,0 +1,45 @@
+"""Atomic result files: a reader (or a Ctrl-C) never sees a half-written file."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+__all__ = ["atomic_write_bytes", "atomic_write_json", "read_json"]
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` via a temporary file in the same folder and a rename.
+
+    ``os.replace`` is atomic on POSIX and Windows, so ``path`` holds either the old or
+    the new content, whatever interrupts the write.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
+    """Write ``obj`` as indented JSON, atomically."""
+    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode())
+
+
+def read_json(path: str | os.PathLike, default: Any = None) -> Any:
+    """Read JSON from ``path``; ``default`` when the file does not exist."""
+    path = Path(path)
+    if not path.exists():
+        return default
+    return json.loads(path.read_text())
