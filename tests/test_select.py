@@ -85,12 +85,33 @@ def test_sampled_path_large(kind, k):
 
 def test_sampled_path_is_taken(monkeypatch):
     calls = []
-    real = sel._candidates
-    monkeypatch.setattr(sel, "_candidates", lambda *a: calls.append(a[-1]) or real(*a))
+    for name in ("_from_blocks", "_direct"):
+        real = getattr(sel, name)
+        monkeypatch.setattr(sel, name, lambda *a, _r=real, _n=name: calls.append(_n) or _r(*a))
     x = torch.randn(300_000, generator=torch.Generator().manual_seed(0))
     check(x, 100)
     check(x, 30_000)
-    assert calls == [True, False], "block path for small k, direct chunks for large k"
+    assert calls == ["_from_blocks", "_direct"], "blocks for small k, direct for large k"
+
+
+@pytest.mark.parametrize("absolute", [True, False])
+def test_block_keys_brute_force(absolute):
+    x = torch.randn(1000 * sel.BLOCK + 7, generator=torch.Generator().manual_seed(9))
+    key = x.abs() if absolute else x
+    expected = key[: 1000 * sel.BLOCK].view(1000, sel.BLOCK).max(1).values
+    torch.testing.assert_close(sel.block_keys(x, absolute=absolute), expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("k", [1, 500, 20_000])
+def test_topk_from_block_keys_chunked(k):
+    # the optimizer computes block keys chunk by chunk into one buffer
+    x = torch.randn(300_000, generator=torch.Generator().manual_seed(k))
+    out = torch.empty(x.numel() // sel.BLOCK)
+    step = 4096 * sel.BLOCK
+    for s in range(0, x.numel() // sel.BLOCK * sel.BLOCK, step):
+        sel.block_keys(x[s : s + step], out=out[s // sel.BLOCK : (s + step) // sel.BLOCK])
+    got = sel.topk_from_block_keys(x, k, out)
+    torch.testing.assert_close(got, reference(x, k), rtol=0, atol=0)
 
 
 def test_retry_when_threshold_admits_too_few(monkeypatch):

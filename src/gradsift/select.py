@@ -38,10 +38,10 @@ import math
 
 import torch
 
-__all__ = ["topk_indices"]
+__all__ = ["topk_indices", "block_keys", "topk_from_block_keys", "BLOCK"]
 
 _SHIFT = 5
-_BLOCK = 1 << _SHIFT  # 32 elements per block: two cache lines of float32; amax vectorises
+BLOCK = 1 << _SHIFT  # 32 elements per block: two cache lines of float32; amax vectorises
 _CHUNK = 1 << 20  # elements per chunk: 4 MiB of float32 stays in cache
 _SAMPLE = 16384  # random keys used to estimate the threshold
 _DENSE_BELOW = 1 << 16  # below this size a plain torch.topk is as fast as anything
@@ -128,16 +128,46 @@ def _dense(x: torch.Tensor, k: int, absolute: bool) -> torch.Tensor:
     return _exact(_key(x, absolute), None, k)
 
 
-def _block_keys(rows: torch.Tensor, absolute: bool) -> torch.Tensor:
-    """Largest key of each row of ``_BLOCK`` elements; NaN propagates into it."""
-    high = rows.amax(1)
-    if not absolute:
-        return high
-    return torch.maximum(high, rows.amin(1).neg_())
+def block_keys(x: torch.Tensor, *, absolute: bool = True, out: torch.Tensor | None = None):
+    """The largest key of each block of ``BLOCK`` consecutive elements of ``x``.
+
+    Covers the first ``x.numel() // BLOCK * BLOCK`` elements; NaN propagates into its
+    block's key. ``out`` (float, ``x.numel() // BLOCK`` long) avoids an allocation.
+    Callers that produce ``x`` chunk by chunk (the optimizer's error-feedback add) call
+    this on each cache-hot chunk with a slice of ``out``, then ``topk_from_block_keys``.
+    """
+    nblocks = x.numel() // BLOCK
+    if out is None:
+        out = torch.empty(nblocks, dtype=x.dtype, device=x.device)
+    rows = x[: nblocks * BLOCK].view(-1, BLOCK)
+    step = _CHUNK // BLOCK  # amax then amin over one chunk while it is in cache
+    for s in range(0, nblocks, step):
+        part, dst = rows[s : s + step], out[s : s + step]
+        torch.amax(part, 1, out=dst)
+        if absolute:
+            torch.maximum(dst, torch.amin(part, 1).neg_(), out=dst)
+    return out
+
+
+def topk_from_block_keys(
+    x: torch.Tensor, k: int, keys: torch.Tensor, *, absolute: bool = True
+) -> torch.Tensor:
+    """``topk_indices(x, k)`` given ``keys = block_keys(x)`` computed beforehand."""
+    _check(x, k)
+    if k * 8 > x.numel() or x.numel() < _DENSE_BELOW:
+        return _dense(x, k, absolute)
+    try:
+        for t, _ in _thresholds(x, k, absolute):
+            idx, vals = _from_blocks(x, keys, t, absolute)
+            if idx.numel() >= k:
+                return _exact(vals, idx, k)
+    except _NaNError:
+        _raise_nan(x)
+    return _dense(x, k, absolute)
 
 
 def _thresholds(x: torch.Tensor, k: int, absolute: bool):
-    """Yield decreasing thresholds, each expected to admit more than ``k`` keys."""
+    """Yield decreasing ``(threshold, use_blocks)``, each expected to admit > k keys."""
     n = x.numel()
     gen = torch.Generator().manual_seed(_SEED)
     sample = _key(x[torch.randint(0, n, (_SAMPLE,), generator=gen)], absolute).float()
@@ -149,7 +179,7 @@ def _thresholds(x: torch.Tensor, k: int, absolute: bool):
         # float() of an upcast dtype value is exact, so every comparison agrees
         t = float(torch.topk(sample, r, sorted=False).values.min())
         # the block filter pays only while most blocks hold no candidate
-        yield t, r * _BLOCK < _SAMPLE // 4
+        yield t, r * BLOCK < _SAMPLE // 4
         if r == _SAMPLE:
             return
         rank *= 4.0
@@ -166,38 +196,30 @@ def _at_least(keys: torch.Tensor, t: float):
     return pos, vals
 
 
-def _chunk_candidates(chunk: torch.Tensor, t: float, absolute: bool):
-    """Positions and keys of ``key >= t`` in a chunk whose length is a multiple of B."""
-    rows = chunk.view(-1, _BLOCK)
+def _from_blocks(x: torch.Tensor, keys: torch.Tensor, t: float, absolute: bool):
+    """Indices (ascending) and keys of every ``key >= t``, reading only hot blocks."""
+    nbody = keys.numel() * BLOCK
+    rows = x[:nbody].view(-1, BLOCK)
     # ``~(m < t)`` rather than ``m >= t`` so that a block holding NaN is gathered
-    blocks = torch.nonzero(~(_block_keys(rows, absolute) < t)).squeeze(1)
-    pos, keys = _at_least(_key(torch.index_select(rows, 0, blocks), absolute).flatten(), t)
-    return (blocks[pos >> _SHIFT] << _SHIFT) | (pos & (_BLOCK - 1)), keys
+    blocks = torch.nonzero(torch.lt(keys, t).logical_not_()).squeeze(1)
+    pos, vals = _at_least(_key(torch.index_select(rows, 0, blocks), absolute).flatten(), t)
+    tail_pos, tail_vals = _at_least(_key(x[nbody:], absolute), t)
+    idx = (blocks[pos >> _SHIFT] << _SHIFT) | (pos & (BLOCK - 1))
+    return torch.cat([idx, tail_pos + nbody]), torch.cat([vals, tail_vals])
 
 
-def _chunk_candidates_direct(chunk: torch.Tensor, t: float, absolute: bool):
-    """Like ``_chunk_candidates`` without the block filter, for dense thresholds."""
-    return _at_least(_key(chunk, absolute), t)
-
-
-def _candidates(x: torch.Tensor, t: float, absolute: bool, blockwise: bool):
+def _direct(x: torch.Tensor, t: float, absolute: bool):
     """Indices (ascending) and keys of every ``key >= t``, chunk by chunk.
 
     Chunks keep every temporary cache-sized: no N-sized allocation, and none large
     enough for the allocator to return to the OS and page-fault back in per call.
     """
-    n = x.numel()
-    nbody = n - n % _BLOCK
-    scan = _chunk_candidates if blockwise else _chunk_candidates_direct
-    idx, keys = [], []
-    for start in range(0, nbody, _CHUNK):
-        i, v = scan(x[start : min(start + _CHUNK, nbody)], t, absolute)
-        idx.append(i + start)
-        keys.append(v)
-    pos, tail = _at_least(_key(x[nbody:], absolute), t)
-    idx.append(pos + nbody)
-    keys.append(tail)
-    return torch.cat(idx), torch.cat(keys)
+    idx, vals = [], []
+    for start in range(0, x.numel(), _CHUNK):
+        pos, v = _at_least(_key(x[start : start + _CHUNK], absolute), t)
+        idx.append(pos + start)
+        vals.append(v)
+    return torch.cat(idx), torch.cat(vals)
 
 
 class _NaNError(Exception):
@@ -205,11 +227,16 @@ class _NaNError(Exception):
 
 
 def _sampled(x: torch.Tensor, k: int, absolute: bool) -> torch.Tensor:
+    keys = None
     try:
-        for t, blockwise in _thresholds(x, k, absolute):
-            idx, keys = _candidates(x, t, absolute, blockwise)
+        for t, use_blocks in _thresholds(x, k, absolute):
+            if use_blocks:
+                keys = block_keys(x, absolute=absolute) if keys is None else keys
+                idx, vals = _from_blocks(x, keys, t, absolute)
+            else:
+                idx, vals = _direct(x, t, absolute)
             if idx.numel() >= k:
-                return _exact(keys, idx, k)
+                return _exact(vals, idx, k)
     except _NaNError:
         _raise_nan(x)
     return _dense(x, k, absolute)
