@@ -54,3 +54,100 @@ def bench_select(sizes=(1_000_000, 11_700_000, 25_000_000), repeats: int = 7, se
                 }
             )
     return rows
+
+
+def median_ms_with_setup(setup: Callable[[], object], fn: Callable[[], object], repeats: int):
+    """Median time of ``fn()`` in ms; ``setup()`` runs untimed before each call."""
+    setup()
+    fn()
+    times = []
+    for _ in range(repeats):
+        setup()
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times)
+
+
+def resnet18_shapes() -> list[tuple[int, ...]]:
+    """Parameter shapes of torchvision's ResNet-18 (ImageNet head): 62 tensors, 11.69M."""
+    shapes: list[tuple[int, ...]] = [(64, 3, 7, 7), (64,), (64,)]
+    cin = 64
+    for cout, down in ((64, False), (128, True), (256, True), (512, True)):
+        for b in range(2):
+            c0 = cin if b == 0 else cout
+            shapes += [(cout, c0, 3, 3), (cout,), (cout,), (cout, cout, 3, 3), (cout,), (cout,)]
+            if b == 0 and down:
+                shapes += [(cout, c0, 1, 1), (cout,), (cout,)]
+        cin = cout
+    return shapes + [(1000, 512), (1000,)]
+
+
+def _naive_topk_step(params, sgd, k):
+    """What research code does: cat every grad, torch.topk, build a mask, write back."""
+    flat = torch.cat([p.grad.reshape(-1) for p in params])
+    idx = torch.topk(flat.abs(), k).indices
+    mask = torch.zeros_like(flat)
+    mask[idx] = 1.0
+    offset = 0
+    for p in params:
+        p.grad.mul_(mask[offset : offset + p.numel()].view_as(p))
+        offset += p.numel()
+    sgd.step()
+
+
+def bench_step(densities=(0.001, 0.01), repeats: int = 7, seed: int = 0):
+    """``TopK(SGD)`` + EF step vs dense ``SGD(foreach=True)`` vs the naive method."""
+    from gradsift.optim import TopK, resolve_k
+
+    gen = torch.Generator().manual_seed(seed)
+    shapes = resnet18_shapes()
+    grads = [torch.randn(s, generator=gen) for s in shapes]
+
+    def fresh():
+        ps = [torch.nn.Parameter(torch.randn(s, generator=gen)) for s in shapes]
+        for p, g in zip(ps, grads):
+            p.grad = g.clone()
+        return ps
+
+    def refill(ps):
+        for p, g in zip(ps, grads):
+            p.grad.copy_(g)  # in place: keeps TopK's flat-buffer views
+
+    n = sum(g.numel() for g in grads)
+    param_bytes = sum(g.numel() * g.element_size() for g in grads)
+    dense_ps = fresh()
+    dense = torch.optim.SGD(dense_ps, lr=1e-3, foreach=True)
+    dense_ms = median_ms_with_setup(lambda: refill(dense_ps), dense.step, repeats)
+    rows = []
+    for density in densities:
+        k = resolve_k(n, density=density)
+        ps = fresh()
+        opt = TopK(torch.optim.SGD(ps, lr=1e-3, foreach=True), density=density)
+        ours = median_ms_with_setup(lambda: refill(ps), opt.step, repeats)  # noqa: B023
+        held = sum(b.residual.numel() * b.residual.element_size() for b in opt._buckets)
+        keys = sum(t.numel() * t.element_size() for t in opt._keys)
+        naive_ps = fresh()
+        sgd = torch.optim.SGD(naive_ps, lr=1e-3, foreach=True)
+        naive = median_ms_with_setup(
+            lambda: refill(naive_ps),  # noqa: B023
+            lambda: _naive_topk_step(naive_ps, sgd, k),  # noqa: B023
+            repeats,
+        )
+        rows.append(
+            {
+                "n": n,
+                "tensors": len(shapes),
+                "density": density,
+                "k": k,
+                "topk_ef_ms": ours,
+                "dense_sgd_ms": dense_ms,
+                "naive_ms": naive,
+                "ours_over_dense": ours / dense_ms,
+                "naive_over_ours": naive / ours,
+                "residual_bytes": held,
+                "other_extra_bytes": keys,
+                "other_extra_over_param_bytes": keys / param_bytes,
+            }
+        )
+    return rows

@@ -47,6 +47,21 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                 ("ours_over_abs_pass", "ours/abs", ".1f"),
             ],
         )
+    elif args.what == "step":
+        rows = bench.bench_step(repeats=args.repeats)
+        _print_table(
+            rows,
+            [
+                ("density", "density", "g"),
+                ("k", "k", "d"),
+                ("topk_ef_ms", "TopK+EF ms", ".2f"),
+                ("dense_sgd_ms", "dense SGD ms", ".2f"),
+                ("naive_ms", "naive ms", ".1f"),
+                ("ours_over_dense", "ours/dense", ".2f"),
+                ("naive_over_ours", "naive/ours", ".1f"),
+                ("other_extra_over_param_bytes", "extra-residual/params", ".3f"),
+            ],
+        )
     if args.json:
         atomic_write_json(args.json, {"benchmark": args.what, "rows": rows})
     return 0
@@ -61,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     b = sub.add_parser("bench", help="measure speed as ratios against baselines")
-    b.add_argument("what", choices=["select"], help="what to benchmark")
+    b.add_argument("what", choices=["select", "step"], help="what to benchmark")
     b.add_argument("--repeats", type=_positive_int, default=7, help="timed calls per entry")
     b.add_argument("--sizes", help="comma-separated N values (select)")
     b.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
