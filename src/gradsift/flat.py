@@ -63,7 +63,11 @@ class FlatBucket:
 
 
 def build_buckets(params: list[torch.Tensor], *, residuals: bool) -> list[FlatBucket]:
-    """Group ``params`` by (device, dtype) into flat buckets; existing grads are kept."""
+    """Group ``params`` by (device, dtype) into flat buckets.
+
+    Every ``p.grad`` becomes a view of its bucket's buffer (existing values are kept,
+    a missing grad becomes zeros), as with ``zero_grad(set_to_none=False)``.
+    """
     groups: dict[tuple, list[torch.Tensor]] = {}
     for p in params:
         groups.setdefault((p.device, p.dtype), []).append(p)
@@ -76,6 +80,9 @@ def build_buckets(params: list[torch.Tensor], *, residuals: bool) -> list[FlatBu
         grad = torch.zeros(total, device=device, dtype=dtype)
         residual = torch.zeros(total, device=device, dtype=dtype) if residuals else None
         bucket = FlatBucket(ps, grad, residual, offsets)
-        bucket.attach_grads_()
+        for i, p in enumerate(ps):  # views from the start, so backward fills the buffer
+            if p.grad is not None:
+                bucket.view(grad, i).copy_(p.grad)
+            p.grad = bucket.view(grad, i)
         buckets.append(bucket)
     return buckets

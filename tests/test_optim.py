@@ -1,0 +1,362 @@
+"""TopK and sparsify_grads_ against brute-force references."""
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import gradsift
+from gradsift import TopK, sparsify_grads_
+from gradsift.optim import resolve_k
+
+
+class Net(nn.Module):
+    """Tied weights (embedding/output), a frozen layer and an unused layer."""
+
+    def __init__(self, dtype=torch.float64):
+        super().__init__()
+        self.emb = nn.Embedding(12, 8)
+        self.hidden = nn.Linear(8, 8)
+        self.frozen = nn.Linear(8, 8)
+        self.unused = nn.Linear(8, 8)
+        self.out = nn.Linear(8, 12, bias=False)
+        self.out.weight = self.emb.weight  # tied
+        for p in self.frozen.parameters():
+            p.requires_grad_(False)
+        self.to(dtype)
+
+    def forward(self, tokens):
+        h = torch.tanh(self.hidden(self.emb(tokens)))
+        return self.out(self.frozen(h))
+
+
+def batch(seed, n=16):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, 12, (n,), generator=gen)
+    return x, torch.randint(0, 12, (n,), generator=gen)
+
+
+def loss_of(model, seed):
+    x, y = batch(seed)
+    return nn.functional.cross_entropy(model(x), y)
+
+
+def trainable(model):
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def brute_force_topk(grads, k):
+    """Reference: concatenate, stable sort by |g| (ties: lowest index), keep k."""
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    order = torch.sort(-flat.abs(), stable=True).indices[:k]
+    mask = torch.zeros_like(flat, dtype=torch.bool)
+    mask[order] = True
+    return flat, mask
+
+
+@pytest.mark.parametrize("k", [1, 7, 50])
+def test_one_step_changes_exactly_top_k(k):
+    torch.manual_seed(0)
+    model = Net()
+    lr = 0.1
+    opt = TopK(torch.optim.SGD(model.parameters(), lr=lr), k=k, error_feedback=False)
+    before = [p.detach().clone() for p in model.parameters()]
+    loss_of(model, 1).backward()
+    grads = [p.grad.clone() for p in trainable(model) if p.grad is not None]
+    flat, mask = brute_force_topk(grads, k)
+    opt.step()
+    delta = torch.cat(
+        [
+            (p.detach() - b).reshape(-1)
+            for p, b in zip(model.parameters(), before)
+            if p.requires_grad
+        ]
+    )
+    torch.testing.assert_close(delta, torch.where(mask, -lr * flat, 0.0), rtol=1e-12, atol=0)
+    assert int((delta != 0).sum()) == k
+    # the frozen layer is untouched, and p.grad now holds the sparse gradient
+    names = [n for n, _ in model.named_parameters()]
+    for name, p in model.frozen.named_parameters():
+        assert torch.equal(p, before[names.index(f"frozen.{name}")])
+    sparse = torch.cat([p.grad.reshape(-1) for p in trainable(model)])
+    torch.testing.assert_close(sparse, torch.where(mask, flat, 0.0), rtol=0, atol=0)
+
+
+def test_tied_weight_counted_once():
+    model = Net()
+    opt = TopK(torch.optim.SGD(model.parameters(), lr=0.1), density=1.0)
+    n = sum(p.numel() for p in trainable(model))
+    assert sum(b.grad.numel() for b in opt._buckets) == n
+    assert model.emb.weight is model.out.weight
+
+
+def test_tensor_scope_selects_within_each_tensor():
+    model = Net()
+    k = 3
+    opt = TopK(
+        torch.optim.SGD(model.parameters(), lr=1.0), k=k, error_feedback=False, scope="tensor"
+    )
+    loss_of(model, 2).backward()
+    grads = {id(p): p.grad.clone() for p in trainable(model)}
+    opt.step()
+    for p in trainable(model):
+        g = grads[id(p)]
+        flat, mask = brute_force_topk([g], min(k, g.numel()))
+        torch.testing.assert_close(p.grad.reshape(-1), torch.where(mask, flat, 0.0))
+
+
+def test_k_equal_n_is_plain_sgd():
+    torch.manual_seed(0)
+    a, b = Net(), Net()
+    b.load_state_dict(a.state_dict())
+    n = sum(p.numel() for p in trainable(a))
+    opt_a = TopK(torch.optim.SGD(a.parameters(), lr=0.05, momentum=0.9), k=n)
+    opt_b = torch.optim.SGD(b.parameters(), lr=0.05, momentum=0.9)
+    for step in range(5):
+        for model, opt in ((a, opt_a), (b, opt_b)):
+            opt.zero_grad()
+            loss_of(model, step).backward()
+            opt.step()
+    for p, q in zip(a.parameters(), b.parameters()):
+        assert torch.equal(p, q)
+
+
+def test_error_feedback_conserves_mass():
+    torch.manual_seed(0)
+    model = Net(torch.float64)
+    lr = 0.01
+    opt = TopK(torch.optim.SGD(model.parameters(), lr=lr), k=5)
+    start = [p.detach().clone() for p in trainable(model)]
+    raw_sum = [torch.zeros_like(p) for p in trainable(model)]
+    for step in range(40):
+        opt.zero_grad()
+        loss_of(model, step).backward()
+        for s, p in zip(raw_sum, trainable(model)):
+            s += p.grad
+        opt.step()
+    for p, p0, s in zip(trainable(model), start, raw_sum):
+        applied = (p0 - p.detach()) / lr
+        torch.testing.assert_close(applied + opt.state[p]["residual"], s, rtol=0, atol=1e-9)
+
+
+def test_fused_path_matches_functional_reference():
+    # large enough for the block-key path of the kernel
+    torch.manual_seed(0)
+    params = [nn.Parameter(torch.randn(s)) for s in [(300, 301), (5,), (40_000,), (7, 3, 3)]]
+    ref = [nn.Parameter(p.detach().clone()) for p in params]
+    opt = TopK(torch.optim.SGD(params, lr=0.1), density=0.01)
+    residuals = [torch.zeros_like(p) for p in ref]
+    for step in range(3):
+        gen = torch.Generator().manual_seed(step)
+        grads = [torch.randn(p.shape, generator=gen) for p in params]
+        for p, q, g in zip(params, ref, grads):
+            p.grad.copy_(g)
+            q.grad = g.clone()
+        opt.step()
+        sparsify_grads_(ref, density=0.01, residuals=residuals)
+        for p, q, r in zip(params, ref, residuals):
+            assert torch.equal(p.grad, q.grad)
+            assert torch.equal(opt.state[p]["residual"], r)
+
+
+def _train(opt_factory, steps, model=None, opt=None, start=0):
+    if model is None:
+        torch.manual_seed(0)
+        model = Net()
+        opt = opt_factory(model)
+    for step in range(start, steps):
+        opt.zero_grad()
+        loss_of(model, step).backward()
+        opt.step()
+    return model, opt
+
+
+def test_state_dict_resume_is_bit_for_bit(tmp_path):
+    def factory(model):
+        return TopK(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), k=9)
+
+    full, _ = _train(factory, 10)
+    half, opt = _train(factory, 5)
+    path = tmp_path / "ckpt.pt"
+    torch.save({"model": half.state_dict(), "opt": opt.state_dict()}, path)
+    ckpt = torch.load(path)
+    assert all("residual" in st for st in ckpt["opt"]["state"].values())
+    torch.manual_seed(123)
+    resumed = Net()
+    resumed.load_state_dict(ckpt["model"])
+    opt2 = factory(resumed)
+    opt2.load_state_dict(ckpt["opt"])
+    # the wrapper must hold no stale references after load_state_dict
+    assert opt2.param_groups is opt2.optimizer.param_groups
+    _train(factory, 10, resumed, opt2, start=5)
+    for p, q in zip(full.parameters(), resumed.parameters()):
+        assert torch.equal(p, q)
+
+
+def test_state_dict_does_not_leak_into_inner_state():
+    model = Net()
+    opt = TopK(torch.optim.Adam(model.parameters(), lr=1e-3), k=5)
+    loss_of(model, 0).backward()
+    opt.step()
+    opt.state_dict()
+    assert all("residual" not in st for st in opt.optimizer.state.values())
+
+
+def test_lr_scheduler_drives_the_inner_lr():
+    model = Net()
+    opt = TopK(torch.optim.SGD(model.parameters(), lr=1.0), k=5)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    for step in range(3):
+        opt.zero_grad()
+        loss_of(model, step).backward()
+        opt.step()
+        sched.step()
+    assert opt.optimizer.param_groups[0]["lr"] == pytest.approx(0.125)
+
+
+def test_grad_scaler_skips_inf_step_and_keeps_residuals():
+    torch.manual_seed(0)
+    model = Net(torch.float32)
+    opt = TopK(torch.optim.SGD(model.parameters(), lr=0.1), k=5)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8)
+    scaler.scale(loss_of(model, 0)).backward()
+    scaler.step(opt)
+    scaler.update()
+    residuals = {p: opt.state[p]["residual"].clone() for p in trainable(model)}
+    params = [p.detach().clone() for p in model.parameters()]
+    opt.zero_grad()
+    scaler.scale(loss_of(model, 1)).backward()
+    model.hidden.weight.grad[0, 0] = float("inf")
+    scaler.step(opt)
+    scaler.update()
+    assert scaler.get_scale() == 2.0**7
+    for p in trainable(model):
+        assert torch.equal(opt.state[p]["residual"], residuals[p])
+    for p, q in zip(model.parameters(), params):
+        assert torch.equal(p, q)
+
+
+def test_non_finite_grad_raises_naming_parameter_and_modifies_nothing():
+    model = Net()
+    opt = TopK(torch.optim.SGD(model.named_parameters(), lr=0.1), k=5)
+    loss_of(model, 0).backward()
+    model.hidden.bias.grad[3] = float("nan")
+    grads = [p.grad.clone() for p in trainable(model)]
+    params = copy.deepcopy(list(model.parameters()))
+    with pytest.raises(ValueError, match="hidden.bias"):
+        opt.step()
+    for p, g in zip(trainable(model), grads):
+        torch.testing.assert_close(p.grad, g, equal_nan=True, rtol=0, atol=0)
+        assert not opt.state[p]["residual"].any()
+    for p, q in zip(model.parameters(), params):
+        assert torch.equal(p, q)
+
+
+@pytest.mark.parametrize("how", ["set_to_none", "model_zero_grad", "assign"])
+def test_dropped_views_stay_correct(how):
+    torch.manual_seed(0)
+    a, b = Net(), Net()
+    b.load_state_dict(a.state_dict())
+    opt_a = TopK(torch.optim.SGD(a.parameters(), lr=0.1), k=6)
+    opt_b = TopK(torch.optim.SGD(b.parameters(), lr=0.1), k=6)
+    for step in range(4):
+        opt_a.zero_grad()
+        loss_of(a, step).backward()
+        opt_a.step()
+        if how == "set_to_none":
+            opt_b.zero_grad(set_to_none=True)
+            loss_of(b, step).backward()
+        elif how == "model_zero_grad":
+            b.zero_grad()
+            loss_of(b, step).backward()
+        else:
+            opt_b.zero_grad()
+            grads = torch.autograd.grad(loss_of(b, step), trainable(b), allow_unused=True)
+            for p, g in zip(trainable(b), grads):
+                p.grad = torch.zeros_like(p) if g is None else g
+        opt_b.step()
+    for p, q in zip(a.parameters(), b.parameters()):
+        torch.testing.assert_close(p, q, rtol=0, atol=1e-15)
+
+
+def test_param_groups_and_mixed_dtypes():
+    torch.manual_seed(0)
+    w32 = nn.Parameter(torch.randn(20, dtype=torch.float32))
+    w64 = nn.Parameter(torch.randn(30, dtype=torch.float64))
+    opt = TopK(
+        torch.optim.SGD([{"params": [w32], "lr": 1.0}, {"params": [w64], "lr": 0.5}], lr=0.1),
+        k=4,
+        error_feedback=False,
+    )
+    g32, g64 = torch.randn(20), torch.randn(30, dtype=torch.float64)
+    w32.grad, w64.grad = g32.clone(), g64.clone()
+    before32, before64 = w32.detach().clone(), w64.detach().clone()
+    opt.step()
+    flat, mask = brute_force_topk([g32.double(), g64], 4)
+    torch.testing.assert_close(
+        before32 - w32.detach(), torch.where(mask[:20], flat[:20], 0).float()
+    )
+    torch.testing.assert_close(before64 - w64.detach(), 0.5 * torch.where(mask[20:], flat[20:], 0))
+
+
+def test_grad_none_params_are_skipped_with_residual_kept():
+    a = nn.Parameter(torch.ones(4))
+    b = nn.Parameter(torch.ones(4))
+    opt = TopK(torch.optim.SGD([a, b], lr=1.0), k=1)
+    a.grad = torch.tensor([0.0, 3.0, 1.0, 0.0])
+    b.grad = None
+    opt.zero_grad(set_to_none=True)
+    a.grad = torch.tensor([0.0, 3.0, 1.0, 0.0])
+    opt.step()
+    assert b.grad is None and torch.equal(b, torch.ones(4))
+    assert a.tolist() == [1.0, -2.0, 1.0, 1.0]
+    assert opt.state[a]["residual"].tolist() == [0.0, 0.0, 1.0, 0.0]
+
+
+def test_closure_is_called():
+    model = Net()
+    opt = TopK(torch.optim.SGD(model.parameters(), lr=0.1), k=5)
+
+    def closure():
+        opt.zero_grad()
+        loss = loss_of(model, 0)
+        loss.backward()
+        return loss
+
+    assert opt.step(closure) is not None
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({}, ValueError, "exactly one"),
+        ({"k": 5, "density": 0.1}, ValueError, "exactly one"),
+        ({"k": 0}, ValueError, "k must be >= 1"),
+        ({"k": 2.5}, TypeError, "k must be an int"),
+        ({"density": 0.0}, ValueError, r"density must be in \(0, 1\]"),
+        ({"density": 1.5}, ValueError, r"density must be in \(0, 1\]"),
+        ({"density": "0.1"}, TypeError, "density must be a float"),
+        ({"k": 5, "scope": "layer"}, ValueError, "scope must be one of"),
+    ],
+)
+def test_bad_arguments(kwargs, error, match):
+    model = Net()
+    with pytest.raises(error, match=match):
+        TopK(torch.optim.SGD(model.parameters(), lr=0.1), **kwargs)
+
+
+def test_wraps_only_optimizers():
+    with pytest.raises(TypeError, match="torch.optim.Optimizer"):
+        TopK([nn.Parameter(torch.ones(2))], k=1)
+
+
+def test_resolve_k():
+    assert resolve_k(1000, density=0.001) == 1
+    assert resolve_k(1000, density=0.0001) == 1
+    assert resolve_k(1000, k=5000) == 1000
+    assert resolve_k(1000, density=0.25) == 250
+
+
+def test_public_api():
+    assert gradsift.TopK is TopK and gradsift.sparsify_grads_ is sparsify_grads_
