@@ -5,8 +5,29 @@ Global top-k sparse updates with error feedback, and pruning at initialization
 """
 
 from gradsift.optim import TopK, sparsify_grads_
+from gradsift.pruning import (
+    apply_masks_,
+    list_methods,
+    masks_from_scores,
+    prune_at_init,
+    score,
+    shuffle_masks,
+    sparsity_report,
+)
 from gradsift.select import topk_indices
 
 __version__ = "0.1.0"
 
-__all__ = ["TopK", "sparsify_grads_", "topk_indices", "__version__"]
+__all__ = [
+    "TopK",
+    "__version__",
+    "apply_masks_",
+    "list_methods",
+    "masks_from_scores",
+    "prune_at_init",
+    "score",
+    "shuffle_masks",
+    "sparsify_grads_",
+    "sparsity_report",
+    "topk_indices",
+]

@@ -151,3 +151,71 @@ def bench_step(densities=(0.001, 0.01), repeats: int = 7, seed: int = 0):
             }
         )
     return rows
+
+
+def _score_job(which: str, model_name: str, samples_per_class: int, chunk_size: int, queue):
+    """Run one GraSP scoring in a fresh process; report seconds and peak RSS growth."""
+    import resource
+
+    from gradsift.models import build_model
+    from gradsift.pruning import score
+    from gradsift.reference import reference_grasp
+
+    torch.manual_seed(0)
+    classes = 10
+    model = build_model(model_name, input_shape=(3, 32, 32), num_classes=classes)
+    gen = torch.Generator().manual_seed(0)
+    n = classes * samples_per_class
+    y = torch.arange(classes).repeat_interleave(samples_per_class)
+    x = torch.randn(n, 3, 32, 32, generator=gen)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    start = time.perf_counter()
+    if which == "ours":
+        score(model, "grasp", [(x, y)], samples_per_class=samples_per_class, chunk_size=chunk_size)
+    else:
+        reference_grasp(model, x, y)
+    seconds = time.perf_counter() - start
+    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    queue.put((seconds, peak_kib * 1024))
+
+
+def bench_score(model: str = "resnet20", samples_per_class: int = 25, repeats: int = 3):
+    """Our GraSP vs the reference transcription: median time and peak memory growth.
+
+    Each measurement runs in a fresh spawned process so that peak RSS is its own.
+    Ours runs with chunk sizes of half the sample (as the reference) and of 64.
+    """
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    n = 10 * samples_per_class
+    configs = [("reference", n // 2), ("ours", (n + 1) // 2), ("ours", 64)]
+    results = {}
+    for which, chunk in configs:
+        runs = []
+        for _ in range(repeats):
+            queue = ctx.Queue()
+            proc = ctx.Process(
+                target=_score_job, args=(which, model, samples_per_class, chunk, queue)
+            )
+            proc.start()
+            runs.append(queue.get(timeout=600))
+            proc.join()
+        results[(which, chunk)] = (
+            statistics.median(r[0] for r in runs),
+            statistics.median(r[1] for r in runs),
+        )
+    ref_s, ref_b = results[("reference", n // 2)]
+    return [
+        {
+            "method": which,
+            "model": model,
+            "samples": n,
+            "chunk_size": chunk,
+            "seconds": s,
+            "peak_bytes": b,
+            "time_over_reference": s / ref_s,
+            "memory_over_reference": b / ref_b if ref_b else float("nan"),
+        }
+        for (which, chunk), (s, b) in results.items()
+    ]

@@ -62,6 +62,23 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                 ("other_extra_over_param_bytes", "extra-residual/params", ".3f"),
             ],
         )
+    elif args.what == "score":
+        rows = bench.bench_score(repeats=args.repeats)
+        for r in rows:
+            r["peak_mib"] = r["peak_bytes"] / 2**20
+        _print_table(
+            rows,
+            [
+                ("method", "method", "s"),
+                ("model", "model", "s"),
+                ("samples", "samples", "d"),
+                ("chunk_size", "chunk", "d"),
+                ("seconds", "seconds", ".2f"),
+                ("peak_mib", "peak MiB", ".0f"),
+                ("time_over_reference", "time/ref", ".2f"),
+                ("memory_over_reference", "mem/ref", ".2f"),
+            ],
+        )
     if args.json:
         atomic_write_json(args.json, {"benchmark": args.what, "rows": rows})
     return 0
@@ -76,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     b = sub.add_parser("bench", help="measure speed as ratios against baselines")
-    b.add_argument("what", choices=["select", "step"], help="what to benchmark")
+    b.add_argument("what", choices=["select", "step", "score"], help="what to benchmark")
     b.add_argument("--repeats", type=_positive_int, default=7, help="timed calls per entry")
     b.add_argument("--sizes", help="comma-separated N values (select)")
     b.add_argument("--json", metavar="PATH", help="also write the rows as JSON")

@@ -1,0 +1,97 @@
+"""``prune_at_init``: score, select, install; once or iteratively.
+
+Iterative pruning follows SynFlow (Tanaka et al. 2020, arXiv:2006.05467, Alg. 1):
+round ``i`` of ``n`` keeps density ``ρ^(i/n)`` (``schedule="exponential"``) of the
+weights, rescoring the masked model each round; masks only ever lose weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from gradsift.pruning.masks import apply_masks_, check_sparsity, masks_from_scores, shuffle_masks
+from gradsift.pruning.params import Selector
+from gradsift.pruning.scores import score
+
+__all__ = ["prune_at_init", "round_sparsities"]
+
+_SCHEDULES = ("exponential", "linear")
+
+
+def round_sparsities(sparsity: float, iterations: int, schedule: str) -> list[float]:
+    """Target sparsity after each round; the last is exactly ``sparsity``."""
+    if schedule not in _SCHEDULES:
+        raise ValueError(f"schedule must be one of {_SCHEDULES}, got {schedule!r}")
+    if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
+        raise ValueError(f"iterations must be a positive int, got {iterations!r}")
+    density = 1.0 - sparsity
+    out = []
+    for i in range(1, iterations + 1):
+        if schedule == "exponential":
+            out.append(1.0 - density ** (i / iterations))
+        else:
+            out.append(sparsity * i / iterations)
+    out[-1] = sparsity
+    return out
+
+
+def prune_at_init(
+    model: nn.Module,
+    method: str,
+    sparsity: float,
+    data: Iterable | None = None,
+    *,
+    scope: str = "global",
+    iterations: int = 1,
+    schedule: str = "exponential",
+    min_per_layer: int = 0,
+    shuffle: bool = False,
+    generator: torch.Generator | None = None,
+    params: Selector = None,
+    **options,
+) -> dict[str, torch.Tensor]:
+    """Prune ``model`` in place before training; return the installed masks.
+
+    Args:
+        model: the network; masks are installed with ``torch.nn.utils.prune`` so that
+            ``prune.is_pruned(model)``, ``module.weight_mask``, ``prune.remove``,
+            ``state_dict`` and deepcopy/pickle behave as in PyTorch.
+        method: a name from ``gradsift.list_methods()``.
+        sparsity: fraction of the scored weights removed, in [0, 1).
+        data: ``(inputs, targets)`` batches for data-driven methods.
+        scope: ``"global"`` ranks all layers together, ``"layer"`` each layer alone.
+        iterations: rounds of score-then-prune (SynFlow uses 100).
+        schedule: ``"exponential"`` (density ``ρ^(i/n)``) or ``"linear"``.
+        min_per_layer: keep at least this many weights per layer (collapse guard).
+        shuffle: permute each layer's final mask (Frankle et al. 2021 sanity check).
+        generator: RNG for ``shuffle``.
+        params: which weights (see ``gradsift.score``).
+        **options: passed to the scorer (see ``gradsift.score``).
+
+    Returns:
+        ``{name: mask}`` (float 0/1 tensors shaped like the weights).
+    """
+    check_sparsity(sparsity)
+    masks = None
+    for target in round_sparsities(sparsity, iterations, schedule):
+        scores = score(model, method, data, params=params, **options)
+        masks = masks_from_scores(
+            scores, target, scope=scope, previous=masks, min_per_layer=min_per_layer
+        )
+        apply_masks_(model, masks)
+    if shuffle:
+        masks = shuffle_masks(masks, generator=generator)
+        _replace_masks_(model, masks)
+    return masks
+
+
+def _replace_masks_(model: nn.Module, masks: dict[str, torch.Tensor]) -> None:
+    from gradsift.pruning.params import prunable
+
+    for name, (module, attr) in prunable(model, list(masks)).items():
+        with torch.no_grad():
+            getattr(module, attr + "_mask").copy_(masks[name])
+            setattr(module, attr, getattr(module, attr + "_orig") * masks[name])

@@ -1,0 +1,158 @@
+"""Scores to masks, and masks into the model through ``torch.nn.utils.prune``.
+
+Exactly ``round(sparsity * N)`` weights are removed: the kept set is an exact top-k
+of the scores (``gradsift.topk_indices`` with ``absolute=False``, since signed
+scores such as GraSP's must not be ranked by magnitude), ties broken toward the
+lowest index in the concatenation of the layers in model order. There is no
+``<=``-threshold over-pruning on ties.
+
+Masks are monotone: weights pruned by an earlier mask are never revived.
+
+Shuffling (Frankle, Dziugaite, Roy & Carbin, "Pruning Neural Networks at
+Initialization: Why are We Missing the Mark?", ICLR 2021, arXiv:2009.08576) permutes
+each layer's mask, keeping its density: the sanity check that asks whether a method
+learned *which* weights matter or only *how many* per layer.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn.utils import prune
+
+from gradsift.pruning.params import mask_of, prunable
+from gradsift.select import topk_indices
+
+__all__ = ["masks_from_scores", "apply_masks_", "shuffle_masks", "check_sparsity"]
+
+_SCOPES = ("global", "layer")
+
+
+def check_sparsity(sparsity: float) -> None:
+    if isinstance(sparsity, bool) or not isinstance(sparsity, (int, float)):
+        raise TypeError(f"sparsity must be a float, got {type(sparsity).__name__}")
+    if not 0.0 <= sparsity < 1.0:
+        raise ValueError(f"sparsity must be in [0, 1), got {sparsity}")
+
+
+def masks_from_scores(
+    scores: dict[str, torch.Tensor],
+    sparsity: float,
+    *,
+    scope: str = "global",
+    previous: dict[str, torch.Tensor] | None = None,
+    min_per_layer: int = 0,
+) -> dict[str, torch.Tensor]:
+    """Binary masks (same dtype as the weight would use: float) keeping the top scores.
+
+    Args:
+        scores: ``{name: score}``; higher keeps.
+        sparsity: fraction removed, in [0, 1); ``round(sparsity * N)`` are removed,
+            over all layers (``scope="global"``) or in each layer (``"layer"``).
+        previous: masks already installed; their zeros stay zero (the count removed
+            is then at least what they removed).
+        min_per_layer: keep at least this many weights in every layer (the best
+            scored ones), guarding against layer collapse; the total stays exact.
+    """
+    check_sparsity(sparsity)
+    if scope not in _SCOPES:
+        raise ValueError(f"scope must be one of {_SCOPES}, got {scope!r}")
+    if min_per_layer < 0:
+        raise ValueError(f"min_per_layer must be >= 0, got {min_per_layer}")
+    names = list(scores)
+    for n in names:
+        if torch.isnan(scores[n]).any():
+            raise ValueError(f"scores[{n!r}] contains NaN; cannot rank it")
+    keys = {n: _alive_keys(scores[n], None if previous is None else previous.get(n)) for n in names}
+    if scope == "layer":
+        return {
+            n: _keep_top(keys[n], _kept_count(keys[n], sparsity, max(min_per_layer, 0))).view_as(
+                scores[n]
+            )
+            for n in names
+        }
+    flat = torch.cat([keys[n].reshape(-1) for n in names])
+    keep = _kept_count(flat, sparsity, 0)
+    if min_per_layer:
+        flat = _reserve(flat, [keys[n].numel() for n in names], min_per_layer, keep)
+    mask = _keep_top(flat, keep)
+    out, offset = {}, 0
+    for n in names:
+        size = scores[n].numel()
+        out[n] = mask[offset : offset + size].view_as(scores[n])
+        offset += size
+    return out
+
+
+def _alive_keys(score: torch.Tensor, previous: torch.Tensor | None) -> torch.Tensor:
+    key = score.detach().double().reshape(-1).clone()
+    if previous is not None:
+        key[previous.reshape(-1).to(key.device) == 0] = -torch.inf
+    return key
+
+
+def _kept_count(keys: torch.Tensor, sparsity: float, floor: int) -> int:
+    n = keys.numel()
+    alive = int((keys > -torch.inf).sum())
+    keep = n - round(sparsity * n)
+    return min(alive, max(keep, min(floor, alive)))
+
+
+def _keep_top(keys: torch.Tensor, keep: int) -> torch.Tensor:
+    mask = torch.zeros(keys.numel(), dtype=torch.float32, device=keys.device)
+    if keep > 0:
+        mask[topk_indices(keys.reshape(-1), keep, absolute=False)] = 1.0
+    return mask
+
+
+def _reserve(flat: torch.Tensor, sizes: list[int], per_layer: int, keep: int) -> torch.Tensor:
+    """Raise each layer's best ``per_layer`` live scores to +inf so they are kept."""
+    reserved = 0
+    out = flat.clone()
+    offset = 0
+    for size in sizes:
+        part = out[offset : offset + size]
+        alive = int((part > -torch.inf).sum())
+        m = min(per_layer, alive)
+        if m:
+            part[topk_indices(part, m, absolute=False)] = torch.inf
+        reserved += m
+        offset += size
+    if reserved > keep:
+        raise ValueError(
+            f"min_per_layer={per_layer} needs {reserved} weights but sparsity keeps only {keep}"
+        )
+    return out
+
+
+def apply_masks_(model: nn.Module, masks: dict[str, torch.Tensor]) -> None:
+    """Install ``masks`` with ``torch.nn.utils.prune.custom_from_mask``.
+
+    A layer that is already pruned gets its ``*_mask`` buffer updated in place (one
+    forward pre-hook per weight, never a growing chain of pruning containers).
+    """
+    targets = prunable(model, list(masks))
+    for name, (module, attr) in targets.items():
+        mask = masks[name]
+        existing = mask_of(module, attr)
+        if existing is None:
+            prune.custom_from_mask(module, attr, mask.to(getattr(module, attr).device))
+        else:
+            with torch.no_grad():
+                existing.mul_(mask.to(existing))
+        # recompute ``weight = weight_orig * weight_mask`` without autograd history, so
+        # that the model deep-copies and pickles (the pre-hook redoes it every forward)
+        with torch.no_grad():
+            setattr(module, attr, getattr(module, attr + "_orig") * mask_of(module, attr))
+
+
+def shuffle_masks(
+    masks: dict[str, torch.Tensor], *, generator: torch.Generator | None = None
+) -> dict[str, torch.Tensor]:
+    """Each layer's mask randomly permuted: same density per layer, random positions."""
+    gen = generator if generator is not None else torch.Generator().manual_seed(0)
+    out = {}
+    for name, m in masks.items():
+        perm = torch.randperm(m.numel(), generator=gen).to(m.device)
+        out[name] = m.reshape(-1)[perm].view_as(m).clone()
+    return out
