@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import io
 import logging
 import sys
 
-from gradsift.io import atomic_write_json
+from gradsift.io import atomic_write_bytes, atomic_write_json
 
 __all__ = ["main", "build_parser"]
 
@@ -27,6 +28,182 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
     return value
+
+
+_RUN_COLUMNS = [
+    ("method", "method", "s"),
+    ("sparsity", "sparsity", ".2f"),
+    ("grad_density", "grad density", "g"),
+    ("test_accuracy", "test acc", ".4f"),
+    ("seconds", "seconds", ".1f"),
+]
+
+
+def _spec(args: argparse.Namespace, **overrides):
+    from gradsift.runs import RunSpec
+    from gradsift.train import TrainConfig
+
+    cfg = TrainConfig(
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        density=args.density,
+        error_feedback=args.error_feedback,
+        seed=args.seed,
+        device=args.device,
+    )
+    fields = dict(
+        model=args.model,
+        dataset=args.dataset,
+        method=args.method,
+        sparsity=args.sparsity,
+        iterations=args.iterations,
+        seed=args.seed,
+        train=cfg,
+        data_root=args.data_root,
+    )
+    fields.update(overrides)
+    return RunSpec(**fields)
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from gradsift.plots import have_matplotlib
+    from gradsift.pruning import list_methods
+    from gradsift.runs import RunSpec, run_one
+    from gradsift.train import TrainConfig
+
+    out = Path(args.out)
+    print(
+        f"gradsift demo: LeNet-5 on the embedded digits (1,797 8x8 images), pruned at "
+        f"init to {args.sparsity:.0%} sparsity, trained with top-{args.density:g} "
+        f"gradients + error feedback; results in {out}/"
+    )
+    rows = []
+    dense = TrainConfig(epochs=args.epochs, density=None, seed=args.seed)
+    sparse = TrainConfig(epochs=args.epochs, density=args.density, seed=args.seed)
+    plan = [(None, dense)] + [(m, sparse) for m in [None, *list_methods()]]
+    for method, cfg in plan:
+        spec = RunSpec(
+            method=method, sparsity=args.sparsity if method else 0.0, seed=args.seed, train=cfg
+        )
+        rows.append(run_one(spec, progress=True))
+        r = rows[-1]
+        print(
+            f"  {r['method']:>9}, gradient density {r['grad_density']:g}: "
+            f"test accuracy {r['test_accuracy']:.4f}"
+        )
+    print()
+    _print_table(rows, _RUN_COLUMNS)
+    atomic_write_json(out / "results.json", {"command": "gradsift demo", "runs": rows})
+    print(f"\nwrote {out / 'results.json'}")
+    if have_matplotlib():
+        _plot_demo(rows, out / "demo.png")
+        print(f"wrote {out / 'demo.png'}")
+    else:
+        print("matplotlib not installed: no plot (pip install 'gradsift[plots]')")
+    return 0
+
+
+def _plot_demo(rows: list[dict], path) -> None:
+    from gradsift.plots import plot_bars
+
+    plot_bars(
+        [f"{r['method']}\ndensity {r['grad_density']:g}" for r in rows],
+        [100 * r["test_accuracy"] for r in rows],
+        path,
+        ylabel="test accuracy (%)",
+        title="LeNet-5 on digits: pruned at init, trained with top-k sparse gradients",
+    )
+
+
+def _cmd_prune(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import torch
+
+    from gradsift.data import load_dataset
+    from gradsift.models import build_model
+    from gradsift.pruning import prune_at_init, sparsity_report
+
+    torch.manual_seed(args.seed)
+    ds = load_dataset(args.dataset, root=args.data_root)
+    model = build_model(args.model, input_shape=ds.input_shape, num_classes=ds.num_classes)
+    data = torch.utils.data.DataLoader(
+        ds.train, batch_size=128, shuffle=True, generator=torch.Generator().manual_seed(args.seed)
+    )
+    options = {"samples_per_class": 10} if args.method == "grasp" else {}
+    masks = prune_at_init(
+        model, args.method, args.sparsity, data, iterations=args.iterations, **options
+    )
+    report = sparsity_report(model)
+    print(report)
+    if report.collapsed:
+        print(f"warning: layer collapse in {report.collapsed}")
+    if args.out:
+        out = Path(args.out)
+        atomic_write_json(out / "report.json", report.to_dict())
+        buf = io.BytesIO()
+        torch.save(masks, buf)
+        atomic_write_bytes(out / "masks.pt", buf.getvalue())
+        print(f"wrote {out / 'report.json'} and {out / 'masks.pt'}")
+    return 0
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    if args.nproc > 1:
+        from gradsift.distributed_cli import launch
+
+        return launch(args)
+    from gradsift.runs import run_one
+
+    record = run_one(_spec(args), progress=True)
+    _print_table([record], _RUN_COLUMNS)
+    if args.out:
+        path = Path(args.out) / "result.json"
+        atomic_write_json(path, record)
+        print(f"wrote {path}")
+    return 0
+
+
+def _cmd_sweep(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from gradsift.plots import have_matplotlib, plot_accuracy_vs_sparsity
+    from gradsift.pruning import list_methods
+    from gradsift.runs import run_sweep
+
+    methods = args.methods or list_methods()
+    unknown = sorted(set(methods) - set(list_methods()))
+    if unknown:
+        raise ValueError(f"--methods: unknown {unknown}; choose from {list_methods()}")
+    specs = [
+        _spec(args, method=m, sparsity=s, seed=seed, shuffle=shuffle)
+        for m in methods
+        for s in args.sparsities
+        for seed in args.seeds
+        for shuffle in ([False, True] if args.shuffle else [False])
+    ]
+    out = Path(args.out)
+    path = out / "results.json"
+
+    def report(r):
+        print(
+            f"  {r['method']:>9} sparsity {r['sparsity']:.3f} seed {r['seed']}"
+            f"{' shuffled' if r['shuffle'] else ''}: acc {r['test_accuracy']:.4f}"
+        )
+
+    runs = run_sweep(specs, path, on_result=report)
+    print(f"{len(runs)} runs in {path}")
+    if have_matplotlib():
+        plot_accuracy_vs_sparsity(
+            runs, out / "accuracy_vs_sparsity.png", title=f"{args.model} on {args.dataset}"
+        )
+        print(f"wrote {out / 'accuracy_vs_sparsity.png'}")
+    return 0
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -84,13 +261,124 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line error (exit code 2) instead of usage + message."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _fraction(low_open: bool, high_open: bool, what: str):
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{what} must be a number, got {text!r}") from None
+        low_ok = value > 0 if low_open else value >= 0
+        high_ok = value < 1 if high_open else value <= 1
+        if not (low_ok and high_ok):
+            lo, hi = "(" if low_open else "[", ")" if high_open else "]"
+            raise argparse.ArgumentTypeError(f"{what} must be in {lo}0, 1{hi}, got {text}")
+        return value
+
+    return parse
+
+
+_sparsity = _fraction(False, True, "sparsity")
+_density = _fraction(True, False, "density")
+
+
+def _list_of(parse):
+    def parse_list(text: str):
+        return [parse(t) for t in text.split(",") if t.strip()]
+
+    return parse_list
+
+
+def _add_common(p: argparse.ArgumentParser, *, method_required: bool = False) -> None:
+    from gradsift.data import list_datasets
+    from gradsift.models import list_models
+    from gradsift.pruning import list_methods
+
+    p.add_argument("--model", default="lenet5", choices=list_models())
+    p.add_argument("--dataset", default="digits", choices=list_datasets())
+    p.add_argument("--data-root", help="folder holding cifar-10-batches-py/ etc.")
+    p.add_argument(
+        "--method",
+        required=method_required,
+        choices=list_methods(),
+        help="pruning-at-init method (default: no pruning)",
+    )
+    p.add_argument("--sparsity", type=_sparsity, default=0.9, help="fraction pruned")
+    p.add_argument(
+        "--iterations",
+        type=_positive_int,
+        default=1,
+        help="prune in this many rounds (SynFlow uses 100)",
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--out", help="output folder")
+
+
+def _add_training(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--epochs", type=_positive_int, default=10)
+    p.add_argument("--batch-size", type=_positive_int, default=64)
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument(
+        "--density",
+        type=_density,
+        default=None,
+        help="gradient density for top-k updates (default: dense)",
+    )
+    p.add_argument(
+        "--no-error-feedback",
+        dest="error_feedback",
+        action="store_false",
+        help="drop unselected gradient mass instead of keeping it",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="gradsift",
         description="Gradient-signal sparsity: top-k sparse updates and pruning at init.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    d = sub.add_parser("demo", help="the main job: prune + top-k train on digits")
+    d.add_argument("--out", default="gradsift-demo", help="output folder")
+    d.add_argument("--sparsity", type=_sparsity, default=0.9)
+    d.add_argument("--density", type=_density, default=0.01)
+    d.add_argument("--epochs", type=_positive_int, default=20)
+    d.add_argument("--seed", type=int, default=0)
+    d.set_defaults(func=_cmd_demo)
+
+    p = sub.add_parser("prune", help="prune a model at init and report per-layer density")
+    _add_common(p, method_required=True)
+    p.set_defaults(func=_cmd_prune)
+
+    t = sub.add_parser("train", help="(prune and) train one model")
+    _add_common(t)
+    _add_training(t)
+    t.add_argument(
+        "--nproc", type=_positive_int, default=1, help="data-parallel processes (gloo on CPU)"
+    )
+    t.set_defaults(func=_cmd_train)
+
+    w = sub.add_parser("sweep", help="methods x sparsities x seeds, resumable")
+    _add_common(w)
+    _add_training(w)
+    w.add_argument(
+        "--methods", type=_list_of(str), default=None, help="comma-separated methods (default: all)"
+    )
+    w.add_argument("--sparsities", type=_list_of(_sparsity), default=[0.5, 0.9, 0.98])
+    w.add_argument("--seeds", type=_list_of(int), default=[0, 1, 2])
+    w.add_argument(
+        "--shuffle", action="store_true", help="also run each with layer-wise shuffled masks"
+    )
+    w.set_defaults(func=_cmd_sweep, out="gradsift-sweep")
 
     b = sub.add_parser("bench", help="measure speed as ratios against baselines")
     b.add_argument("what", choices=["select", "step", "score"], help="what to benchmark")

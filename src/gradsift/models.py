@@ -18,7 +18,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-__all__ = ["build_model", "list_models", "MLP", "LeNet5", "VGG", "CifarResNet"]
+__all__ = ["build_model", "init_weights_", "list_models", "MLP", "LeNet5", "VGG", "CifarResNet"]
 
 
 class MLP(nn.Module):
@@ -159,6 +159,24 @@ _MODELS: dict[str, Callable[..., nn.Module]] = {
 }
 
 
+def init_weights_(model: nn.Module) -> nn.Module:
+    """Kaiming-normal Conv/Linear weights (He et al. 2015, arXiv:1502.01852), zero
+    biases, unit BatchNorm: the initialisation of the SNIP/GraSP/SynFlow experiments.
+
+    PyTorch's default (uniform, fan-in-scaled by 1/sqrt(3)) leaves a network pruned to
+    90% with activations that shrink layer by layer until it does not train.
+    """
+    for m in model.modules():
+        if isinstance(m, (nn.Conv2d, nn.Linear)):
+            nn.init.kaiming_normal_(m.weight, nonlinearity="relu")
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.BatchNorm2d):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
+    return model
+
+
 def list_models() -> list[str]:
     """Names accepted by ``build_model``."""
     return sorted(_MODELS)
@@ -168,4 +186,4 @@ def build_model(name: str, *, input_shape=(3, 32, 32), num_classes: int = 10) ->
     """A fresh model from the zoo, for inputs of ``input_shape`` and ``num_classes``."""
     if name not in _MODELS:
         raise ValueError(f"model must be one of {list_models()}, got {name!r}")
-    return _MODELS[name](input_shape=tuple(input_shape), num_classes=num_classes)
+    return init_weights_(_MODELS[name](input_shape=tuple(input_shape), num_classes=num_classes))
