@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import io
 import logging
+import os
 import sys
 
 from gradsift.io import atomic_write_bytes, atomic_write_json
@@ -154,14 +155,21 @@ def _cmd_prune(args: argparse.Namespace) -> int:
 def _cmd_train(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    if args.nproc > 1:
-        from gradsift.distributed_cli import launch
-
-        return launch(args)
+    from gradsift import ddp_train
     from gradsift.runs import run_one
 
-    record = run_one(_spec(args), progress=True)
+    if ddp_train.under_torchrun():
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        record = ddp_train.train_ddp(_spec(args), rank=rank, world=world, out=args.out)
+        if record is None:
+            return 0
+    elif args.nproc > 1:
+        record = ddp_train.spawn(_spec(args), args.nproc, out=args.out)
+    else:
+        record = run_one(_spec(args), progress=True)
     _print_table([record], _RUN_COLUMNS)
+    if "compression_ratio" in record:
+        print(f"gradient traffic: {record['compression_ratio']:.1f}x less than allreduce")
     if args.out:
         path = Path(args.out) / "result.json"
         atomic_write_json(path, record)

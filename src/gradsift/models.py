@@ -13,7 +13,7 @@ runs on 8x8 digits as well as on 32x32 CIFAR.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn

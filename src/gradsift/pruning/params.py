@@ -6,7 +6,7 @@ Names are logical: a weight pruned through ``torch.nn.utils.prune`` (stored as
 
 from __future__ import annotations
 
-from typing import Callable, Union
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -14,7 +14,7 @@ from torch import nn
 __all__ = ["prunable", "Selector"]
 
 # (name, module, parameter) -> bool
-Selector = Union[None, list, tuple, set, Callable[[str, nn.Module, torch.Tensor], bool]]
+Selector = None | list | tuple | set | Callable[[str, nn.Module, torch.Tensor], bool]
 
 _DEFAULT_TYPES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 

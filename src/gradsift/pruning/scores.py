@@ -23,8 +23,7 @@ from __future__ import annotations
 
 import copy
 import inspect
-from collections.abc import Iterable, Iterator
-from typing import Callable
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 import torch.nn.functional as F  # noqa: N812
