@@ -219,3 +219,79 @@ def bench_score(model: str = "resnet20", samples_per_class: int = 25, repeats: i
         }
         for (which, chunk), (s, b) in results.items()
     ]
+
+
+def _ddp_job(rank: int, world: int, port: int, densities, steps: int, batch: int, queue):
+    """One rank of ``bench_ddp``: ResNet-20 steps with allreduce, then with the hook."""
+    import os
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    import torch.nn.functional as F  # noqa: N812
+    from torch.nn.parallel import DistributedDataParallel
+
+    from gradsift.distributed import TopKHookState, topk_hook
+    from gradsift.models import build_model
+
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=300))
+    torch.set_num_threads(1)  # two processes share the machine's cores
+    gen = torch.Generator().manual_seed(rank)
+    x = torch.randn(batch, 3, 32, 32, generator=gen)
+    y = torch.randint(0, 10, (batch,), generator=gen)
+    rows = []
+    for density in [None, *densities]:
+        torch.manual_seed(0)
+        ddp = DistributedDataParallel(build_model("resnet20"))
+        state = None
+        if density is not None:
+            state = TopKHookState(density=density)
+            ddp.register_comm_hook(state, topk_hook)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+        times = []
+        for step in range(steps):
+            dist.barrier()
+            start = time.perf_counter()
+            opt.zero_grad()
+            F.cross_entropy(ddp(x), y).backward()
+            opt.step()
+            times.append(time.perf_counter() - start)
+            if state is not None and step == 2:  # past warm-up: count compressed steps only
+                state.bytes_sent = state.bytes_dense = 0
+        rows.append(
+            {
+                "density": density,
+                "step_ms": 1e3 * statistics.median(times[3:]),
+                "bytes_sent_per_step": state.bytes_sent / (steps - 3) if state else None,
+                "bytes_dense_per_step": state.bytes_dense / (steps - 3) if state else None,
+            }
+        )
+    if rank == 0:
+        queue.put(rows)
+    dist.destroy_process_group()
+
+
+def bench_ddp(densities=(0.01, 0.001), steps: int = 13, batch: int = 32):
+    """2 gloo processes, ResNet-20: step time and bytes per step, hook vs allreduce."""
+    import multiprocessing as mp
+
+    from gradsift.ddp_train import free_port
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = free_port()
+    procs = [
+        ctx.Process(target=_ddp_job, args=(r, 2, port, densities, steps, batch, queue))
+        for r in range(2)
+    ]
+    for p in procs:
+        p.start()
+    rows = queue.get(timeout=900)
+    for p in procs:
+        p.join()
+    base = rows[0]["step_ms"]
+    for r in rows:
+        r["time_over_allreduce"] = r["step_ms"] / base
+        if r["bytes_sent_per_step"]:
+            r["compression"] = r["bytes_dense_per_step"] / r["bytes_sent_per_step"]
+    return rows

@@ -264,6 +264,24 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                 ("memory_over_reference", "mem/ref", ".2f"),
             ],
         )
+    elif args.what == "ddp":
+        rows = bench.bench_ddp()
+        for r in rows:
+            r["label"] = "allreduce" if r["density"] is None else f"top-k {r['density']:g}"
+            r["sent_kib"] = (r["bytes_sent_per_step"] or float("nan")) / 1024
+            r["dense_kib"] = (r["bytes_dense_per_step"] or float("nan")) / 1024
+            r.setdefault("compression", 1.0)
+        _print_table(
+            rows,
+            [
+                ("label", "hook", "s"),
+                ("step_ms", "step ms", ".1f"),
+                ("time_over_allreduce", "time/allreduce", ".2f"),
+                ("sent_kib", "KiB sent/step", ".1f"),
+                ("dense_kib", "KiB dense/step", ".1f"),
+                ("compression", "dense/sent", ".1f"),
+            ],
+        )
     if args.json:
         atomic_write_json(args.json, {"benchmark": args.what, "rows": rows})
     return 0
@@ -389,7 +407,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.set_defaults(func=_cmd_sweep, out="gradsift-sweep")
 
     b = sub.add_parser("bench", help="measure speed as ratios against baselines")
-    b.add_argument("what", choices=["select", "step", "score"], help="what to benchmark")
+    b.add_argument("what", choices=["select", "step", "score", "ddp"], help="what to benchmark")
     b.add_argument("--repeats", type=_positive_int, default=7, help="timed calls per entry")
     b.add_argument("--sizes", help="comma-separated N values (select)")
     b.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
