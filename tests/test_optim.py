@@ -360,3 +360,47 @@ def test_resolve_k():
 
 def test_public_api():
     assert gradsift.TopK is TopK and gradsift.sparsify_grads_ is sparsify_grads_
+
+
+def test_zero_grad_after_fused_step_zeroes_everything():
+    # zero_grad zeroes only the selected coordinates when nothing touched the buffer
+    # since the step; after another backward it must zero the whole buffer again
+    torch.manual_seed(0)
+    params = [nn.Parameter(torch.randn(300, 300)), nn.Parameter(torch.randn(5000))]
+    opt = TopK(torch.optim.SGD(params, lr=0.1), density=0.01)
+    for p in params:
+        p.grad.copy_(torch.randn_like(p))
+    opt.step()
+    assert sum(int((p.grad != 0).sum()) for p in params) == resolve_k(95_000, density=0.01)
+    opt.zero_grad()
+    assert all(not p.grad.any() for p in params)
+    for p in params:
+        p.grad.copy_(torch.randn_like(p))
+    opt.step()
+    for p in params:
+        p.grad.add_(1.0)  # a new backward after the step
+    opt.zero_grad()
+    assert all(not p.grad.any() for p in params)
+
+
+def test_plain_sgd_fast_path_equals_inner_step():
+    torch.manual_seed(0)
+    shapes = [(300, 301), (7,), (40_000,)]
+    a = [nn.Parameter(torch.randn(s, dtype=torch.float64)) for s in shapes]
+    b = [nn.Parameter(p.detach().clone()) for p in a]
+    opt_a = TopK(torch.optim.SGD(a, lr=0.3), density=0.01)  # fast path
+    inner = torch.optim.SGD(b, lr=0.3)
+    inner.register_step_pre_hook(lambda *args: None)  # a hook disables the fast path
+    opt_b = TopK(inner, density=0.01)
+    assert gradsift.optim.plain_sgd(opt_a.optimizer)
+    assert not gradsift.optim.plain_sgd(opt_b.optimizer)
+    for step in range(3):
+        gen = torch.Generator().manual_seed(step)
+        for p, q in zip(a, b):
+            g = torch.randn(p.shape, generator=gen, dtype=torch.float64)
+            p.grad.copy_(g)
+            q.grad.copy_(g)
+        opt_a.step()
+        opt_b.step()
+    for p, q in zip(a, b):
+        torch.testing.assert_close(p, q, rtol=1e-15, atol=1e-15)

@@ -117,23 +117,32 @@ def test_topk_from_block_keys_chunked(k):
     torch.testing.assert_close(got, reference(x, k), rtol=0, atol=0)
 
 
-def test_retry_when_threshold_admits_too_few(monkeypatch):
+def _too_high(values):
+    return math.inf if values.is_floating_point() else torch.iinfo(values.dtype).max
+
+
+@pytest.mark.parametrize("k", [500, 30_000])  # block path, direct path
+def test_retry_when_threshold_admits_too_few(monkeypatch, k):
     # a threshold above every key admits nothing; the next (lower) ones must rescue it
     x = torch.randn(300_000, generator=torch.Generator().manual_seed(1))
-    real = sel._thresholds
+    real = sel._sample
+    seen = []
 
-    def too_high(x, k, absolute):
-        yield math.inf, True
-        yield from real(x, k, absolute)
+    def too_high_first(values, k, absolute=False):
+        seen.append(values.dtype)
+        yield _too_high(values)
+        yield from real(values, k, absolute)
 
-    monkeypatch.setattr(sel, "_thresholds", too_high)
-    check(x, 500)
+    monkeypatch.setattr(sel, "_sample", too_high_first)
+    check(x, k)
+    assert seen == [torch.int32 if k == 500 else torch.float32]
 
 
-def test_dense_fallback_when_all_thresholds_fail(monkeypatch):
-    monkeypatch.setattr(sel, "_thresholds", lambda x, k, a: iter([(math.inf, True)]))
+@pytest.mark.parametrize("k", [77, 30_000])
+def test_dense_fallback_when_all_thresholds_fail(monkeypatch, k):
+    monkeypatch.setattr(sel, "_sample", lambda values, k, a=False: iter([_too_high(values)]))
     x = torch.randn(300_000, generator=torch.Generator().manual_seed(2))
-    check(x, 77)
+    check(x, k)
 
 
 @pytest.mark.parametrize("n", [10, 300_000])

@@ -27,14 +27,20 @@ import torch
 from torch.optim import Optimizer
 
 from gradsift.flat import FlatBucket, build_buckets
-from gradsift.select import BLOCK, block_key_dtype, block_keys, topk_from_block_keys, topk_indices
+from gradsift.select import (
+    BLOCK,
+    CHUNK,
+    block_key_dtype,
+    block_keys,
+    topk_from_block_keys,
+    topk_indices,
+)
 
-__all__ = ["TopK", "sparsify_grads_", "resolve_k"]
+__all__ = ["TopK", "sparsify_grads_", "resolve_k", "plain_sgd"]
 
 log = logging.getLogger(__name__)
 
 _SCOPES = ("global", "tensor")
-_CHUNK = 1 << 20  # elements per fused chunk (a multiple of BLOCK): stays in cache
 
 
 def check_k_density(k: int | None, density: float | None) -> None:
@@ -127,7 +133,7 @@ def _sparsify_group_(pairs, k, density) -> int:
 
 
 @torch.no_grad()
-def _fused_sparsify_(grad, residual, k, keys) -> None:
+def _fused_sparsify_(grad, residual, k, keys, scratch) -> None:
     """Global top-k of one flat buffer, with error feedback fused into one pass.
 
     Chunk by chunk, while the chunk is in cache: ``r += g``, block keys of ``r``,
@@ -136,22 +142,61 @@ def _fused_sparsify_(grad, residual, k, keys) -> None:
     """
     src = grad if residual is None else residual
     nbody = keys.numel() * BLOCK
-    for s in range(0, grad.numel(), _CHUNK):
-        g = grad[s : s + _CHUNK]
+    for s in range(0, grad.numel(), CHUNK):
+        g = grad[s : s + CHUNK]
         if residual is not None:
-            residual[s : s + _CHUNK].add_(g)
+            residual[s : s + CHUNK].add_(g)
             g.zero_()
         if s < nbody:
-            end = min(s + _CHUNK, nbody)
-            block_keys(src[s:end], out=keys[s // BLOCK : end // BLOCK])
+            end = min(s + CHUNK, nbody)
+            block_keys(src[s:end], out=keys[s // BLOCK : end // BLOCK], scratch=scratch)
     idx = topk_from_block_keys(src, k, keys)
+    vals = src[idx]
     if residual is None:
-        vals = grad[idx]
         grad.zero_()
-        grad[idx] = vals
     else:
-        grad[idx] = residual[idx]
         residual[idx] = 0
+    grad[idx] = vals
+    return idx, vals
+
+
+def plain_sgd(opt: Optimizer) -> bool:
+    """Whether ``opt.step()`` is exactly ``p -= lr * grad`` with no hooks to run."""
+    from torch.optim import optimizer as optimizer_module
+
+    hooks = (
+        opt._optimizer_step_pre_hooks,
+        opt._optimizer_step_post_hooks,
+        optimizer_module._global_optimizer_pre_hooks,
+        optimizer_module._global_optimizer_post_hooks,
+    )
+    return (
+        type(opt) is torch.optim.SGD
+        and not any(hooks)
+        and all(
+            g["momentum"] == 0
+            and g["weight_decay"] == 0
+            and not g["maximize"]
+            and not g.get("differentiable", False)
+            and not isinstance(g["lr"], torch.Tensor)
+            for g in opt.param_groups
+        )
+    )
+
+
+def _apply_sparse_sgd_(bucket: FlatBucket, lrs: list[float], idx, vals) -> None:
+    """``p -= lr * g`` on the selected coordinates only; ``idx`` is sorted ascending.
+
+    Equal to the inner SGD step on the sparse gradient (zeros change nothing), without
+    reading and writing every parameter.
+    """
+    bounds = torch.tensor(bucket.offsets + [bucket.grad.numel()], device=idx.device)
+    cuts = torch.searchsorted(idx, bounds).tolist()
+    for i, p in enumerate(bucket.params):
+        lo, hi = cuts[i], cuts[i + 1]
+        if lo < hi:
+            local = idx[lo:hi] - bucket.offsets[i]
+            p.data.view(-1).index_add_(0, local, vals[lo:hi], alpha=-lrs[i])
 
 
 class TopK(Optimizer):
@@ -254,6 +299,14 @@ class TopK(Optimizer):
         trainable = [p for p in self._params() if p.requires_grad]
         self._buckets: list[FlatBucket] = build_buckets(trainable, residuals=self.error_feedback)
         self._bucketed = {id(p) for p in trainable}
+        self._sparse = None
+        self._contiguous = all(p.is_contiguous() for p in trainable)
+        self._scratch = None
+        if len(self._buckets) == 1:  # the fused path's reusable block-key buffer
+            g = self._buckets[0].grad
+            self._scratch = torch.empty(
+                min(CHUNK, g.numel()), dtype=block_key_dtype(g.dtype), device=g.device
+            )
         self._keys = [
             torch.empty(
                 b.grad.numel() // BLOCK, dtype=block_key_dtype(b.grad.dtype), device=b.grad.device
@@ -305,8 +358,12 @@ class TopK(Optimizer):
         return id(p) in self._bucketed
 
     @torch.no_grad()
-    def sparsify_(self) -> None:
-        """Apply error feedback and top-k selection to the current gradients."""
+    def sparsify_(self):
+        """Apply error feedback and top-k selection to the current gradients.
+
+        Returns ``(indices, values)`` into the flat gradient on the fused path (one
+        bucket, global scope, every gradient present), else None.
+        """
         complete = [b.attach_grads_() for b in self._buckets]
         params = [p for p in self._params() if p.grad is not None]
         self._check_finite(params)
@@ -319,27 +376,48 @@ class TopK(Optimizer):
         if fast:
             b = self._buckets[0]
             k = resolve_k(b.grad.numel(), k=self.k, density=self.density)
-            _fused_sparsify_(b.grad, b.residual, k, self._keys[0])
-            return
+            return _fused_sparsify_(b.grad, b.residual, k, self._keys[0], self._scratch)
         residuals = [self._residual(p) for p in params] if self.error_feedback else None
         sparsify_grads_(
             params, k=self.k, density=self.density, residuals=residuals, scope=self.scope
         )
+        return None
 
     def step(self, closure=None):
-        """Sparsify the gradients (see ``sparsify_``), then step the inner optimizer."""
+        """Sparsify the gradients (see ``sparsify_``), then step the inner optimizer.
+
+        When the inner optimizer is plain SGD (no momentum, weight decay or hooks),
+        the update is applied to the selected coordinates only, which is the same
+        result as its dense step on the sparse gradient, without the dense pass.
+        """
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        self.sparsify_()
-        self.optimizer.step()
+        selected = self.sparsify_()
+        if selected is not None and self._contiguous and plain_sgd(self.optimizer):
+            lr_of = {id(q): g["lr"] for g in self.param_groups for q in g["params"]}
+            b = self._buckets[0]
+            _apply_sparse_sgd_(b, [lr_of[id(p)] for p in b.params], *selected)
+        else:
+            self.optimizer.step()
+        if selected is not None:
+            # until the buffer changes again, only these coordinates are non-zero
+            self._sparse = (self._buckets[0].grad._version, selected[0])
         return loss
 
     def zero_grad(self, set_to_none: bool = False) -> None:
-        """Zero gradients; by default keep them as views of the flat buffer (fast)."""
-        for b in self._buckets:
-            b.grad.zero_()
+        """Zero gradients; by default keep them as views of the flat buffer (fast).
+
+        Right after a fused step only the k selected coordinates are non-zero; if the
+        buffer's version counter shows nothing touched it since, only they are zeroed.
+        """
+        sparse, self._sparse = self._sparse, None
+        for i, b in enumerate(self._buckets):
+            if i == 0 and sparse is not None and sparse[0] == b.grad._version:
+                b.grad[sparse[1]] = 0
+            else:
+                b.grad.zero_()
         for p in self._params():
             if p.grad is None:
                 continue

@@ -38,11 +38,18 @@ import math
 
 import torch
 
-__all__ = ["topk_indices", "block_keys", "block_key_dtype", "topk_from_block_keys", "BLOCK"]
+__all__ = [
+    "BLOCK",
+    "CHUNK",
+    "block_key_dtype",
+    "block_keys",
+    "topk_from_block_keys",
+    "topk_indices",
+]
 
 _SHIFT = 5
 BLOCK = 1 << _SHIFT  # 32 elements per block: two cache lines of float32; amax vectorises
-_CHUNK = 1 << 20  # elements per chunk: 4 MiB of float32 stays in cache
+CHUNK = 1 << 20  # elements per chunk: 4 MiB of float32 stays in cache
 _SAMPLE = 16384  # random keys used to estimate the threshold
 _DENSE_BELOW = 1 << 16  # below this size a plain torch.topk is as fast as anything
 _RETRIES = 3
@@ -141,7 +148,13 @@ def block_key_dtype(dtype: torch.dtype, absolute: bool = True) -> torch.dtype:
     return _BITS[dtype][0] if absolute else dtype
 
 
-def block_keys(x: torch.Tensor, *, absolute: bool = True, out: torch.Tensor | None = None):
+def block_keys(
+    x: torch.Tensor,
+    *,
+    absolute: bool = True,
+    out: torch.Tensor | None = None,
+    scratch: torch.Tensor | None = None,
+):
     """The largest key of each block of ``BLOCK`` consecutive elements of ``x``.
 
     Covers the first ``x.numel() // BLOCK * BLOCK`` elements. With ``absolute`` the
@@ -149,7 +162,9 @@ def block_keys(x: torch.Tensor, *, absolute: bool = True, out: torch.Tensor | No
     for non-negative floats, integer order is float order, one ``bitwise_and`` is
     cheaper than ``amax`` and ``amin``, and NaN (whose bits exceed inf's) becomes the
     largest key, so a block holding NaN is always gathered and seen.
-    ``out`` (``block_key_dtype``, ``x.numel() // BLOCK`` long) avoids an allocation.
+    ``out`` (``block_key_dtype``, ``x.numel() // BLOCK`` long) and ``scratch`` (the
+    integer dtype, at least ``min(x.numel(), CHUNK)`` long) avoid allocations: fresh
+    multi-MB buffers page-fault on every call, which costs more than the work here.
     Callers that produce ``x`` chunk by chunk (the optimizer's error-feedback add) call
     this on each cache-hot chunk with a slice of ``out``, then ``topk_from_block_keys``.
     """
@@ -157,21 +172,17 @@ def block_keys(x: torch.Tensor, *, absolute: bool = True, out: torch.Tensor | No
     if out is None:
         out = torch.empty(nblocks, dtype=block_key_dtype(x.dtype, absolute), device=x.device)
     body = x[: nblocks * BLOCK]
-    step = _CHUNK  # one chunk at a time, so the bit pattern stays in cache for amax
+    step = CHUNK  # one chunk at a time, so the bit pattern stays in cache for amax
+    if absolute:
+        int_dtype, mask = _BITS[x.dtype]
+        if scratch is None:
+            scratch = torch.empty(min(step, body.numel()), dtype=int_dtype, device=x.device)
     for s in range(0, body.numel(), step):
         part = body[s : s + step]
         if absolute:
-            int_dtype, mask = _BITS[x.dtype]
-            part = torch.bitwise_and(part.view(int_dtype), mask)
+            part = torch.bitwise_and(part.view(int_dtype), mask, out=scratch[: part.numel()])
         torch.amax(part.view(-1, BLOCK), 1, out=out[s // BLOCK : (s + part.numel()) // BLOCK])
     return out
-
-
-def _as_key(t: float, keys: torch.Tensor, dtype: torch.dtype) -> float | int:
-    """The threshold ``t`` in the representation of ``keys`` (bits for integer keys)."""
-    if keys.is_floating_point():
-        return t
-    return int(torch.tensor(t, dtype=dtype).view(keys.dtype))
 
 
 def topk_from_block_keys(
@@ -181,36 +192,37 @@ def topk_from_block_keys(
     _check(x, k)
     if k * 8 > x.numel() or x.numel() < _DENSE_BELOW:
         return _dense(x, k, absolute)
-    try:
-        for t, use_blocks in _thresholds(x, k, absolute):
-            if use_blocks:
-                idx, vals = _from_blocks(x, keys, t, absolute)
-            else:
-                idx, vals = _direct(x, t, absolute)
-            if idx.numel() >= k:
-                return _exact(vals, idx, k)
-    except _NaNError:
-        _raise_nan(x)
-    return _dense(x, k, absolute)
+    return _sampled(x, k, absolute, keys)
 
 
-def _thresholds(x: torch.Tensor, k: int, absolute: bool):
-    """Yield decreasing ``(threshold, use_blocks)``, each expected to admit > k keys."""
-    n = x.numel()
+def _sample(values: torch.Tensor, k: int, absolute: bool = False):
+    """Yield decreasing quantiles of ``|values|`` (or ``values``), the first expected
+    to have more than ``k`` keys above it.
+
+    Each is the r-th largest of a fixed-seed random sample, with r four standard
+    deviations above the expected count of sample values above the true k-th value,
+    so the first threshold falls short of ``k`` with probability ~3e-5; then r grows 4x.
+    """
+    n = values.numel()
     gen = torch.Generator().manual_seed(_SEED)
-    sample = _key(x[torch.randint(0, n, (_SAMPLE,), generator=gen)], absolute).float()
-    expected = k * _SAMPLE / n  # sample keys expected above the true k-th key
-    # four standard deviations above the expectation: a retry is rare (~3e-5)
+    sample = _key(values[torch.randint(0, n, (_SAMPLE,), generator=gen)], absolute)
+    if sample.is_floating_point():
+        sample = sample.float()  # exact upcast: float() of it is a value of the dtype
+    expected = k * _SAMPLE / n
     rank = expected + 4.0 * math.sqrt(expected) + 2.0
     for _ in range(_RETRIES):
         r = min(int(math.ceil(rank)), _SAMPLE)
-        # float() of an upcast dtype value is exact, so every comparison agrees
-        t = float(torch.topk(sample, r, sorted=False).values.min())
-        # the block filter pays only while most blocks hold no candidate
-        yield t, r * BLOCK < _SAMPLE // 4
+        yield torch.topk(sample, r, sorted=False).values.min().item()
         if r == _SAMPLE:
             return
         rank *= 4.0
+
+
+def _to_float(t, keys: torch.Tensor, dtype: torch.dtype) -> float:
+    """A block-key threshold as the float it encodes (integer keys are bit patterns)."""
+    if keys.is_floating_point():
+        return t
+    return float(torch.tensor(t, dtype=keys.dtype).view(dtype))
 
 
 def _at_least(keys: torch.Tensor, t: float):
@@ -224,12 +236,16 @@ def _at_least(keys: torch.Tensor, t: float):
     return pos, vals
 
 
-def _from_blocks(x: torch.Tensor, keys: torch.Tensor, t: float, absolute: bool):
-    """Indices (ascending) and keys of every ``key >= t``, reading only hot blocks."""
+def _from_blocks(x: torch.Tensor, keys: torch.Tensor, tk, absolute: bool):
+    """Indices (ascending) and keys of every ``key >= t`` (``tk``: t as a block key).
+
+    Reads only the blocks whose largest key is ``>= tk``.
+    """
     nbody = keys.numel() * BLOCK
     rows = x[:nbody].view(-1, BLOCK)
-    # ``~(m < t)``: with float keys a NaN block (whose key is NaN) is gathered too
-    blocks = torch.nonzero(torch.lt(keys, _as_key(t, keys, x.dtype)).logical_not_()).squeeze(1)
+    t = _to_float(tk, keys, x.dtype)
+    # ``~(m < tk)``: with float keys a NaN block (whose key is NaN) is gathered too
+    blocks = torch.nonzero(torch.lt(keys, tk).logical_not_()).squeeze(1)
     pos, vals = _at_least(_key(torch.index_select(rows, 0, blocks), absolute).flatten(), t)
     tail_pos, tail_vals = _at_least(_key(x[nbody:], absolute), t)
     idx = (blocks[pos >> _SHIFT] << _SHIFT) | (pos & (BLOCK - 1))
@@ -243,8 +259,8 @@ def _direct(x: torch.Tensor, t: float, absolute: bool):
     enough for the allocator to return to the OS and page-fault back in per call.
     """
     idx, vals = [], []
-    for start in range(0, x.numel(), _CHUNK):
-        pos, v = _at_least(_key(x[start : start + _CHUNK], absolute), t)
+    for start in range(0, x.numel(), CHUNK):
+        pos, v = _at_least(_key(x[start : start + CHUNK], absolute), t)
         idx.append(pos + start)
         vals.append(v)
     return torch.cat(idx), torch.cat(vals)
@@ -254,17 +270,27 @@ class _NaNError(Exception):
     pass
 
 
-def _sampled(x: torch.Tensor, k: int, absolute: bool) -> torch.Tensor:
-    keys = None
+def _sampled(x: torch.Tensor, k: int, absolute: bool, keys=None) -> torch.Tensor:
+    """Sampled threshold, then candidates, then exact; dense if every threshold fails.
+
+    With few winners (``4k <= N / BLOCK``) the threshold is sampled from the block keys:
+    if at least ``k`` blocks have a key ``>= t``, at least ``k`` elements are ``>= t``
+    (each such block holds one), and only about ``k`` blocks are read. Otherwise most
+    blocks hold a winner, and a threshold sampled from ``x`` filters it directly.
+    """
     try:
-        for t, use_blocks in _thresholds(x, k, absolute):
-            if use_blocks:
-                keys = block_keys(x, absolute=absolute) if keys is None else keys
-                idx, vals = _from_blocks(x, keys, t, absolute)
-            else:
+        if 4 * k <= x.numel() // BLOCK:
+            if keys is None:
+                keys = block_keys(x, absolute=absolute)
+            for tk in _sample(keys, k):
+                idx, vals = _from_blocks(x, keys, tk, absolute)
+                if idx.numel() >= k:
+                    return _exact(vals, idx, k)
+        else:
+            for t in _sample(x, k, absolute):
                 idx, vals = _direct(x, t, absolute)
-            if idx.numel() >= k:
-                return _exact(vals, idx, k)
+                if idx.numel() >= k:
+                    return _exact(vals, idx, k)
     except _NaNError:
         _raise_nan(x)
     return _dense(x, k, absolute)
