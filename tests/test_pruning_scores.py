@@ -262,3 +262,18 @@ def test_grasp_agrees_with_reference_transcription():
     assert list(ours) == list(paper)
     for n in ours:  # the reference sums two half-batch means: 4x, and negated
         torch.testing.assert_close(-paper[n], 4 * ours[n], rtol=1e-9, atol=1e-20)
+
+
+def test_synflow_rescorer_equals_scoring_the_masked_model():
+    from gradsift.pruning.scores import synflow_rescorer
+
+    model = mlp()
+    rescore = synflow_rescorer(model, input_shape=(12,))
+    first = rescore(None)
+    masks = gradsift.masks_from_scores(first, 0.6)
+    gradsift.apply_masks_(model, masks)
+    again = rescore(masks)
+    expected = gradsift.score(model, "synflow", input_shape=(12,))
+    for n in expected:
+        torch.testing.assert_close(again[n], expected[n], rtol=1e-12, atol=0)
+        assert (again[n][masks[n] == 0] == 0).all()

@@ -211,3 +211,41 @@ def test_does_not_modify_input():
 def test_sampled_path_property(n, kfrac, kind, dtype, absolute, seed):
     x = make(kind, n, torch.Generator().manual_seed(seed)).to(dtype)
     check(x, max(1, int(kfrac * n)), absolute)
+
+
+def check_mask(x: torch.Tensor, k: int, absolute: bool = True) -> None:
+    mask = sel.topk_mask(x, k, absolute=absolute)
+    assert mask.dtype == torch.bool and int(mask.sum()) == k
+    expected = torch.zeros(x.numel(), dtype=torch.bool)
+    expected[reference(x, k, absolute)] = True
+    assert torch.equal(mask, expected)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    n=st.sampled_from([1, 7, 1000, 70_000, 150_001]),
+    frac=st.floats(0.0, 1.0),
+    kind=st.sampled_from(KINDS),
+    dtype=st.sampled_from(FLOATS),
+    absolute=st.booleans(),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_topk_mask_property(n, frac, kind, dtype, absolute, seed):
+    x = make(kind, n, torch.Generator().manual_seed(seed)).to(dtype)
+    check_mask(x, max(1, min(n, int(round(frac * n)))), absolute)
+
+
+@pytest.mark.parametrize("k", [1, 5_000, 100_000, 199_999, 200_000])
+def test_topk_mask_large_k(k):
+    x = torch.randn(200_000, generator=torch.Generator().manual_seed(k), dtype=torch.float64)
+    check_mask(x, k)
+    check_mask(x, k, absolute=False)
+
+
+def test_topk_mask_bracket_fallback(monkeypatch):
+    # a sample that brackets the wrong place must still give the exact answer
+    monkeypatch.setattr(sel, "_SEED", 12345)
+    x = torch.cat([torch.zeros(100_000), torch.arange(1.0, 100_001.0)])
+    check_mask(x, 150_000)
+    with pytest.raises(ValueError, match="1 NaN"):
+        sel.topk_mask(torch.tensor([1.0, float("nan")]), 1)

@@ -39,6 +39,7 @@ import math
 import torch
 
 __all__ = [
+    "topk_mask",
     "BLOCK",
     "CHUNK",
     "block_key_dtype",
@@ -78,6 +79,58 @@ def topk_indices(x: torch.Tensor, k: int, *, absolute: bool = True) -> torch.Ten
     if x.device.type != "cpu" or x.numel() < _DENSE_BELOW or k * 8 > x.numel():
         return _dense(x, k, absolute)
     return _sampled(x, k, absolute)
+
+
+def topk_mask(x: torch.Tensor, k: int, *, absolute: bool = True) -> torch.Tensor:
+    """Boolean mask of the same ``k`` entries that ``topk_indices`` selects.
+
+    For any ``k`` (pruning keeps most weights at low sparsity, where an index list
+    is as large as the tensor): the k-th largest key ``v`` is found exactly by
+    bracketing it between two sample quantiles and selecting within the bracket;
+    then ``key > v`` plus the lowest-index ties at ``v``.
+    """
+    _check(x, k)
+    key = _key(x.contiguous(), absolute)
+    if _has_nan(key):
+        _raise_nan(x)
+    v = _kth_largest(key, k)
+    at_least = key >= v
+    if int(torch.count_nonzero(at_least)) == k:  # no surplus ties at v: the usual case
+        return at_least
+    # surplus ties at v: keep the lowest-index ones (a cumsum over N would be slower)
+    need = k - int(torch.count_nonzero(key > v))
+    chosen = key > v
+    chosen[torch.nonzero(key == v).squeeze(1)[:need]] = True
+    return chosen
+
+
+def _kth_largest(key: torch.Tensor, k: int) -> torch.Tensor:
+    """The k-th largest value of ``key`` (no NaN), exactly."""
+    n = key.numel()
+    if n < _DENSE_BELOW:
+        return torch.kthvalue(key, n - k + 1).values
+    gen = torch.Generator().manual_seed(_SEED)
+    sample = key[torch.randint(0, n, (_SAMPLE,), generator=gen)]
+    sample = torch.sort(sample, descending=True).values
+    expected = k * _SAMPLE / n  # sample values expected above the k-th largest
+    margin = 4.0 * math.sqrt(expected * (1.0 - k / n)) + 2.0
+    top, bottom = math.floor(expected - margin), math.ceil(expected + margin)
+    hi = sample[top - 1] if top >= 1 else torch.tensor(math.inf, dtype=key.dtype)
+    lo = sample[bottom] if bottom < _SAMPLE else torch.tensor(-math.inf, dtype=key.dtype)
+    if lo == -math.inf and k <= int(torch.count_nonzero(key > -math.inf)):
+        # -inf marks dead entries (pruned weights): keep them out of the bracket
+        lo = torch.nextafter(torch.tensor(-math.inf, dtype=key.dtype), lo.new_tensor(0.0))
+    above_hi, inside = 0, []
+    for start in range(0, n, CHUNK):  # chunks keep the boolean temporaries in cache
+        c = key[start : start + CHUNK]
+        # count_nonzero: .sum() of a bool tensor first copies it to int64
+        above_hi += int(torch.count_nonzero(c > hi))
+        inside.append(c[torch.ge(c, lo).logical_and_(c <= hi)])
+    inside = torch.cat(inside)
+    if above_hi < k <= above_hi + inside.numel():
+        # the k-th largest overall is the (k - above_hi)-th largest in the bracket
+        return torch.kthvalue(inside, inside.numel() - (k - above_hi) + 1).values
+    return torch.kthvalue(key, n - k + 1).values
 
 
 def _check(x: torch.Tensor, k: int) -> None:
@@ -123,7 +176,7 @@ def _exact(keys: torch.Tensor, idx: torch.Tensor | None, k: int) -> torch.Tensor
     kth = torch.topk(keys, k, sorted=False).values.min()
     above = keys > kth
     tied = keys == kth
-    need = k - above.sum()
+    need = k - torch.count_nonzero(above)
     chosen = above | (tied & (tied.cumsum(0) <= need))
     pos = torch.nonzero_static(chosen, size=k).squeeze(1)
     return pos if idx is None else idx[pos]

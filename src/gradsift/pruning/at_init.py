@@ -14,7 +14,7 @@ from torch import nn
 
 from gradsift.pruning.masks import apply_masks_, check_sparsity, masks_from_scores, shuffle_masks
 from gradsift.pruning.params import Selector
-from gradsift.pruning.scores import score
+from gradsift.pruning.scores import score, synflow_rescorer
 
 __all__ = ["prune_at_init", "round_sparsities"]
 
@@ -75,11 +75,24 @@ def prune_at_init(
         ``{name: mask}`` (float 0/1 tensors shaped like the weights).
     """
     check_sparsity(sparsity)
-    masks = None
-    for target in round_sparsities(sparsity, iterations, schedule):
-        scores = score(model, method, data, params=params, **options)
+    targets = round_sparsities(sparsity, iterations, schedule)
+    if method == "synflow" and len(targets) > 1:
+        rescore = synflow_rescorer(model, data, params=params, **options)
+    else:
+        rescore = None
+    masks, workspace = None, {}
+    for target in targets:
+        if rescore is not None:
+            scores = rescore(masks)
+        else:
+            scores = score(model, method, data, params=params, **options)
         masks = masks_from_scores(
-            scores, target, scope=scope, previous=masks, min_per_layer=min_per_layer
+            scores,
+            target,
+            scope=scope,
+            previous=masks,
+            min_per_layer=min_per_layer,
+            workspace=workspace,
         )
         apply_masks_(model, masks)
     if shuffle:

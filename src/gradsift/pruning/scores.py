@@ -31,7 +31,13 @@ from torch import nn
 
 from gradsift.pruning.params import Selector, effective, original, prunable
 
-__all__ = ["score", "list_methods", "method_options", "class_balanced_sample"]
+__all__ = [
+    "score",
+    "list_methods",
+    "method_options",
+    "class_balanced_sample",
+    "synflow_rescorer",
+]
 
 Scorer = Callable[..., dict]
 _METHODS: dict[str, Scorer] = {}
@@ -295,15 +301,52 @@ def _linearise_(model: nn.Module, dtype: torch.dtype) -> None:
 @_register("synflow")
 def _synflow(model, targets, data=None, *, input_shape=None, dtype=torch.float64):
     """θ ⊙ ∂R/∂θ with R the sum of the linearised network's output on ones."""
-    if input_shape is None:
-        if data is None:
-            raise ValueError("synflow needs input_shape= or data= to know the input shape")
-        input_shape = tuple(next(iter(data))[0].shape[1:])
+    input_shape = _input_shape(data, input_shape)
     _linearise_(model, dtype)
+    return _synflow_scores(model, targets, input_shape, dtype)
+
+
+def _input_shape(data, input_shape):
+    if input_shape is not None:
+        return tuple(input_shape)
+    if data is None:
+        raise ValueError("synflow needs input_shape= or data= to know the input shape")
+    return tuple(next(iter(data))[0].shape[1:])
+
+
+def _synflow_scores(model, targets, input_shape, dtype):
     leaves = _leaves(targets)
     ones = torch.ones((1, *input_shape), dtype=dtype, device=_device(model))
-    r = model(ones).sum()
-    grads = torch.autograd.grad(r, leaves)
-    return {
-        name: (effective(m, a).detach() * g) for (name, (m, a)), g in zip(targets.items(), grads)
-    }
+    grads = torch.autograd.grad(model(ones).sum(), leaves)
+    return {name: effective(m, a).detach() * g for (name, (m, a)), g in zip(targets.items(), grads)}
+
+
+def synflow_rescorer(
+    model: nn.Module,
+    data: Iterable | None = None,
+    *,
+    params: Selector = None,
+    input_shape=None,
+    dtype=torch.float64,
+):
+    """For iterative SynFlow: ``rescore(masks) -> scores`` on one private linearised copy.
+
+    Equal to ``score(model_with_masks, "synflow")`` each round, without re-copying and
+    re-linearising the network every round (the masks are the only thing that change).
+    """
+    from gradsift.pruning.masks import apply_masks_  # masks does not import scores
+
+    shape = _input_shape(data, input_shape)
+    work = deepcopy_model(model)
+    for p in work.parameters():
+        p.requires_grad_(False)
+        p.grad = None
+    targets = prunable(work, params)
+    _linearise_(work, dtype)
+
+    def rescore(masks: dict | None) -> dict[str, torch.Tensor]:
+        if masks is not None:
+            apply_masks_(work, masks)
+        return _synflow_scores(work, targets, shape, dtype)
+
+    return rescore
