@@ -214,6 +214,20 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_experiment(args: argparse.Namespace) -> int:
+    from gradsift.experiments import run_study
+
+    command = f"gradsift experiment {args.study}" + (" --quick" if args.quick else "")
+    if args.out != "docs/results":
+        command += f" --out {args.out}"
+    run_study(args.study, args.out, quick=args.quick, command=command)
+    from pathlib import Path
+
+    print((Path(args.out) / f"{args.study}.md").read_text())
+    print(f"wrote {args.out}/{args.study}.json, .md and .png")
+    return 0
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     from gradsift import bench
 
@@ -405,6 +419,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--shuffle", action="store_true", help="also run each with layer-wise shuffled masks"
     )
     w.set_defaults(func=_cmd_sweep, out="gradsift-sweep")
+
+    e = sub.add_parser("experiment", help="regenerate a study of docs/results.md")
+    e.add_argument("study", choices=["collapse", "accuracy", "topk", "speed"])
+    e.add_argument("--quick", action="store_true", help="a reduced form (for tests)")
+    e.add_argument("--out", default="docs/results", help="output folder")
+    e.set_defaults(func=_cmd_experiment)
 
     b = sub.add_parser("bench", help="measure speed as ratios against baselines")
     b.add_argument("what", choices=["select", "step", "score", "ddp"], help="what to benchmark")
