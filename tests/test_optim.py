@@ -140,13 +140,15 @@ def test_error_feedback_conserves_mass():
         torch.testing.assert_close(applied + opt.state[p]["residual"], s, rtol=0, atol=1e-9)
 
 
-def test_fused_path_matches_functional_reference():
-    # large enough for the block-key path of the kernel
+@pytest.mark.parametrize("density", [0.001, 0.01])  # block-key path, direct path
+@pytest.mark.parametrize("ef", [True, False])
+def test_fused_path_matches_functional_reference(density, ef):
+    # large enough for the sampled paths of the kernel
     torch.manual_seed(0)
     params = [nn.Parameter(torch.randn(s)) for s in [(300, 301), (5,), (40_000,), (7, 3, 3)]]
     ref = [nn.Parameter(p.detach().clone()) for p in params]
-    opt = TopK(torch.optim.SGD(params, lr=0.1), density=0.01)
-    residuals = [torch.zeros_like(p) for p in ref]
+    opt = TopK(torch.optim.SGD(params, lr=0.1), density=density, error_feedback=ef)
+    residuals = [torch.zeros_like(p) for p in ref] if ef else None
     for step in range(3):
         gen = torch.Generator().manual_seed(step)
         grads = [torch.randn(p.shape, generator=gen) for p in params]
@@ -154,10 +156,15 @@ def test_fused_path_matches_functional_reference():
             p.grad.copy_(g)
             q.grad = g.clone()
         opt.step()
-        sparsify_grads_(ref, density=0.01, residuals=residuals)
-        for p, q, r in zip(params, ref, residuals):
+        sparsify_grads_(ref, density=density, residuals=residuals)
+        with torch.no_grad():
+            for q in ref:
+                q -= 0.1 * q.grad
+        for i, (p, q) in enumerate(zip(params, ref)):
             assert torch.equal(p.grad, q.grad)
-            assert torch.equal(opt.state[p]["residual"], r)
+            torch.testing.assert_close(p, q, rtol=0, atol=1e-7)
+            if ef:
+                assert torch.equal(opt.state[p]["residual"], residuals[i])
 
 
 def _train(opt_factory, steps, model=None, opt=None, start=0):

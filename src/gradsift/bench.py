@@ -127,6 +127,8 @@ def bench_step(densities=(0.001, 0.01), repeats: int = 7, seed: int = 0):
         ours = median_ms_with_setup(lambda: refill(ps), opt.step, repeats)  # noqa: B023
         held = sum(b.residual.numel() * b.residual.element_size() for b in opt._buckets)
         keys = sum(t.numel() * t.element_size() for t in opt._keys)
+        if opt._scratch is not None:
+            keys += opt._scratch.numel() * opt._scratch.element_size()
         naive_ps = fresh()
         sgd = torch.optim.SGD(naive_ps, lr=1e-3, foreach=True)
         naive = median_ms_with_setup(

@@ -218,7 +218,7 @@ def accuracy(out: Path, *, quick: bool = False) -> dict:
 
 
 def topk(out: Path, *, quick: bool = False) -> dict:
-    """Digits, LeNet-5 unpruned: dense vs top-k at 10/1/0.1%, with/without EF."""
+    """Digits, the MLP (LeNet-300-100) unpruned: dense vs top-k at 10/1/0.1%, +/- EF."""
     from gradsift.plots import plot_bars
 
     seeds = [0] if quick else [0, 1, 2]

@@ -133,22 +133,31 @@ def _sparsify_group_(pairs, k, density) -> int:
 
 
 @torch.no_grad()
-def _fused_sparsify_(grad, residual, k, keys, scratch) -> None:
+def _fused_sparsify_(grad, residual, k, keys, scratch=None):
     """Global top-k of one flat buffer, with error feedback fused into one pass.
 
-    Chunk by chunk, while the chunk is in cache: ``r += g``, block keys of ``r``,
-    ``g = 0``. Then only the few hot blocks are read to select, and the k winners
-    move from the residual to the gradient. Memory traffic: about one pass.
+    Chunk by chunk, while the chunk is in cache: ``r += g``, block keys of ``r`` (the
+    gradient chunk, about to be zeroed, lends its memory as scratch), ``g = 0``. Then
+    only the few hot blocks are read to select, and the k winners move from the
+    residual to the gradient. Memory traffic: about one pass; no extra buffers but
+    ``keys`` (1/32 of the gradient). Without error feedback ``scratch`` is needed.
+
+    Returns ``(indices, values)`` of the kept coordinates, indices ascending.
     """
     src = grad if residual is None else residual
     nbody = keys.numel() * BLOCK
+    key_dtype = block_key_dtype(grad.dtype)
     for s in range(0, grad.numel(), CHUNK):
         g = grad[s : s + CHUNK]
+        end = min(s + CHUNK, nbody)
         if residual is not None:
             residual[s : s + CHUNK].add_(g)
+            if s < nbody:
+                block_keys(
+                    src[s:end], out=keys[s // BLOCK : end // BLOCK], scratch=g.view(key_dtype)
+                )
             g.zero_()
-        if s < nbody:
-            end = min(s + CHUNK, nbody)
+        elif s < nbody:
             block_keys(src[s:end], out=keys[s // BLOCK : end // BLOCK], scratch=scratch)
     idx = topk_from_block_keys(src, k, keys)
     vals = src[idx]
@@ -302,7 +311,8 @@ class TopK(Optimizer):
         self._sparse = None
         self._contiguous = all(p.is_contiguous() for p in trainable)
         self._scratch = None
-        if len(self._buckets) == 1:  # the fused path's reusable block-key buffer
+        if len(self._buckets) == 1 and not self.error_feedback:
+            # with error feedback the gradient chunk being zeroed serves as scratch
             g = self._buckets[0].grad
             self._scratch = torch.empty(
                 min(CHUNK, g.numel()), dtype=block_key_dtype(g.dtype), device=g.device

@@ -237,15 +237,24 @@ def _grasp(
     num_classes: int | None = None,
     chunk_size: int = 256,
     reinit_linear: bool = False,
+    hvp: str = "forward",
 ):
     """θ ⊙ Hg over a class-balanced sample, logits divided by ``temperature``.
 
-    ``g = ∇L`` and ``Hg = ∇(gᵀ∇L)`` are both taken over the whole sample, accumulated
-    chunk by chunk (each chunk weighted by its share), so ``chunk_size`` bounds memory
-    without changing the result, except through BatchNorm batch statistics in train
-    mode, which depend on what shares a batch (as in the reference code).
+    ``g = ∇L`` and ``Hg`` are both taken over the whole sample, accumulated chunk by
+    chunk (each chunk weighted by its share), so ``chunk_size`` bounds memory without
+    changing the result, except through BatchNorm batch statistics in train mode,
+    which depend on what shares a batch (as in the reference code).
+
+    ``hvp="forward"`` (default) computes Hg forward-over-reverse, as the directional
+    derivative of the gradient along ``g`` (``torch.func.jvp`` of ``torch.func.grad``):
+    one forward and one backward with tangents, instead of the reference's
+    ``create_graph`` backward followed by a second backward through it.
+    ``hvp="double"`` is that reverse-over-reverse route.
     """
     _need_data(data, "grasp")
+    if hvp not in ("forward", "double"):
+        raise ValueError(f"hvp must be 'forward' or 'double', got {hvp!r}")
     if num_classes is None:
         num_classes = _infer_classes(model, data)
     if reinit_linear:  # the reference code's option: xavier-normal Linear weights
@@ -255,25 +264,66 @@ def _grasp(
                     nn.init.xavier_normal_(original(m, a))
     x, y = class_balanced_sample(data, samples_per_class, num_classes, _device(model))
     model.train()
+    _batch_stats_only_(model)
     leaves = _leaves(targets)
     n = y.numel()
     chunks = [(x[i : i + chunk_size], y[i : i + chunk_size]) for i in range(0, n, chunk_size)]
 
-    def loss(xc, yc, create_graph):
-        out = loss_fn(model(xc) / temperature, yc) * (yc.numel() / n)
-        return torch.autograd.grad(out, leaves, create_graph=create_graph)
+    def weighted(out, yc):  # this chunk's share of the mean loss over the sample
+        return loss_fn(out / temperature, yc) * (yc.numel() / n)
 
     g = [torch.zeros_like(t) for t in leaves]
     for xc, yc in chunks:
-        for acc, gi in zip(g, loss(xc, yc, False)):
+        for acc, gi in zip(g, torch.autograd.grad(weighted(model(xc), yc), leaves)):
             acc += gi
+    names = [_param_path(model, m, a) for m, a in targets.values()]
     hg = [torch.zeros_like(t) for t in leaves]
     for xc, yc in chunks:
-        grads = loss(xc, yc, True)
-        z = sum((gi * gg).sum() for gi, gg in zip(grads, g))
-        for acc, h in zip(hg, torch.autograd.grad(z, leaves)):
+        if hvp == "forward":
+            part = _hvp_forward(model, names, leaves, weighted, xc, yc, g)
+        else:
+            part = _hvp_double(model, leaves, weighted, xc, yc, g)
+        for acc, h in zip(hg, part):
             acc += h
     return {name: effective(m, a).detach() * h for (name, (m, a)), h in zip(targets.items(), hg)}
+
+
+def _batch_stats_only_(model: nn.Module) -> None:
+    """Stop BatchNorm from tracking running statistics (on our private copy).
+
+    In train mode BatchNorm normalises with batch statistics either way; only the
+    in-place running-average update goes, which forward-mode AD cannot trace.
+    """
+    for m in model.modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm):
+            m.track_running_stats = False
+            m.running_mean = m.running_var = m.num_batches_tracked = None
+
+
+def _hvp_double(model, leaves, weighted, xc, yc, g):
+    """Hg reverse-over-reverse: ``∇(gᵀ∇L)`` through a ``create_graph`` backward."""
+    grads = torch.autograd.grad(weighted(model(xc), yc), leaves, create_graph=True)
+    z = sum((gi * gg).sum() for gi, gg in zip(grads, g))
+    return torch.autograd.grad(z, leaves)
+
+
+def _hvp_forward(model, names, leaves, weighted, xc, yc, g):
+    """Hg forward-over-reverse: the derivative of ``∇L(θ + εg)`` at ε = 0."""
+    from torch.func import functional_call, grad, jvp
+
+    def f(theta):
+        return weighted(functional_call(model, dict(zip(names, theta)), (xc,), strict=False), yc)
+
+    _, tangent = jvp(grad(f), (tuple(t.detach() for t in leaves),), (tuple(g),))
+    return tangent
+
+
+def _param_path(model: nn.Module, module: nn.Module, attr: str) -> str:
+    for name, m in model.named_modules():
+        if m is module:
+            real = attr + "_orig" if hasattr(m, attr + "_orig") else attr
+            return f"{name}.{real}" if name else real
+    raise AssertionError("module not in model")
 
 
 def _linearise_(model: nn.Module, dtype: torch.dtype) -> None:
