@@ -228,74 +228,72 @@ def _cmd_experiment(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_bench(args: argparse.Namespace) -> int:
+_BENCH_COLUMNS = {
+    "select": [
+        ("n", "N", "d"),
+        ("k", "k", "d"),
+        ("ours_ms", "ours ms", ".2f"),
+        ("torch_topk_ms", "topk(|x|) ms", ".2f"),
+        ("abs_pass_ms", "abs pass ms", ".2f"),
+        ("speedup_vs_topk", "topk/ours", ".1f"),
+        ("ours_over_abs_pass", "ours/abs", ".1f"),
+    ],
+    "step": [
+        ("density", "density", "g"),
+        ("k", "k", "d"),
+        ("topk_ef_ms", "TopK+EF ms", ".2f"),
+        ("dense_sgd_ms", "dense SGD ms", ".2f"),
+        ("naive_ms", "naive ms", ".1f"),
+        ("ours_over_dense", "ours/dense", ".2f"),
+        ("naive_over_ours", "naive/ours", ".1f"),
+        ("other_extra_over_param_bytes", "extra-residual/params", ".3f"),
+    ],
+    "score": [
+        ("method", "method", "s"),
+        ("model", "model", "s"),
+        ("samples", "samples", "d"),
+        ("chunk_size", "chunk", "d"),
+        ("seconds", "seconds", ".2f"),
+        ("peak_mib", "peak MiB", ".0f"),
+        ("time_over_reference", "time/ref", ".2f"),
+        ("memory_over_reference", "mem/ref", ".2f"),
+    ],
+    "ddp": [
+        ("label", "hook", "s"),
+        ("step_ms", "step ms", ".1f"),
+        ("time_over_allreduce", "time/allreduce", ".2f"),
+        ("sent_kib", "KiB sent/step", ".1f"),
+        ("dense_kib", "KiB dense/step", ".1f"),
+        ("compression", "dense/sent", ".1f"),
+    ],
+}
+
+
+def _bench_rows(args: argparse.Namespace) -> list[dict]:
     from gradsift import bench
 
     if args.what == "select":
         sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else None
-        rows = bench.bench_select(**({"sizes": sizes} if sizes else {}), repeats=args.repeats)
-        _print_table(
-            rows,
-            [
-                ("n", "N", "d"),
-                ("k", "k", "d"),
-                ("ours_ms", "ours ms", ".2f"),
-                ("torch_topk_ms", "topk(|x|) ms", ".2f"),
-                ("abs_pass_ms", "abs pass ms", ".2f"),
-                ("speedup_vs_topk", "topk/ours", ".1f"),
-                ("ours_over_abs_pass", "ours/abs", ".1f"),
-            ],
-        )
-    elif args.what == "step":
-        rows = bench.bench_step(repeats=args.repeats)
-        _print_table(
-            rows,
-            [
-                ("density", "density", "g"),
-                ("k", "k", "d"),
-                ("topk_ef_ms", "TopK+EF ms", ".2f"),
-                ("dense_sgd_ms", "dense SGD ms", ".2f"),
-                ("naive_ms", "naive ms", ".1f"),
-                ("ours_over_dense", "ours/dense", ".2f"),
-                ("naive_over_ours", "naive/ours", ".1f"),
-                ("other_extra_over_param_bytes", "extra-residual/params", ".3f"),
-            ],
-        )
-    elif args.what == "score":
+        return bench.bench_select(**({"sizes": sizes} if sizes else {}), repeats=args.repeats)
+    if args.what == "step":
+        return bench.bench_step(repeats=args.repeats)
+    if args.what == "score":
         rows = bench.bench_score(repeats=args.repeats)
         for r in rows:
             r["peak_mib"] = r["peak_bytes"] / 2**20
-        _print_table(
-            rows,
-            [
-                ("method", "method", "s"),
-                ("model", "model", "s"),
-                ("samples", "samples", "d"),
-                ("chunk_size", "chunk", "d"),
-                ("seconds", "seconds", ".2f"),
-                ("peak_mib", "peak MiB", ".0f"),
-                ("time_over_reference", "time/ref", ".2f"),
-                ("memory_over_reference", "mem/ref", ".2f"),
-            ],
-        )
-    elif args.what == "ddp":
-        rows = bench.bench_ddp()
-        for r in rows:
-            r["label"] = "allreduce" if r["density"] is None else f"top-k {r['density']:g}"
-            r["sent_kib"] = (r["bytes_sent_per_step"] or float("nan")) / 1024
-            r["dense_kib"] = (r["bytes_dense_per_step"] or float("nan")) / 1024
-            r.setdefault("compression", 1.0)
-        _print_table(
-            rows,
-            [
-                ("label", "hook", "s"),
-                ("step_ms", "step ms", ".1f"),
-                ("time_over_allreduce", "time/allreduce", ".2f"),
-                ("sent_kib", "KiB sent/step", ".1f"),
-                ("dense_kib", "KiB dense/step", ".1f"),
-                ("compression", "dense/sent", ".1f"),
-            ],
-        )
+        return rows
+    rows = bench.bench_ddp()
+    for r in rows:
+        r["label"] = "allreduce" if r["density"] is None else f"top-k {r['density']:g}"
+        r["sent_kib"] = (r["bytes_sent_per_step"] or float("nan")) / 1024
+        r["dense_kib"] = (r["bytes_dense_per_step"] or float("nan")) / 1024
+        r.setdefault("compression", 1.0)
+    return rows
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    rows = _bench_rows(args)
+    _print_table(rows, _BENCH_COLUMNS[args.what])
     if args.json:
         atomic_write_json(args.json, {"benchmark": args.what, "rows": rows})
     return 0
