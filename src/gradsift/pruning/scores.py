@@ -235,9 +235,9 @@ def _grasp(
     temperature: float = 200.0,
     samples_per_class: int = 25,
     num_classes: int | None = None,
-    chunk_size: int = 256,
+    chunk_size: int = 64,
     reinit_linear: bool = False,
-    hvp: str = "forward",
+    hvp: str = "double",
 ):
     """θ ⊙ Hg over a class-balanced sample, logits divided by ``temperature``.
 
@@ -246,11 +246,12 @@ def _grasp(
     changing the result, except through BatchNorm batch statistics in train mode,
     which depend on what shares a batch (as in the reference code).
 
-    ``hvp="forward"`` (default) computes Hg forward-over-reverse, as the directional
-    derivative of the gradient along ``g`` (``torch.func.jvp`` of ``torch.func.grad``):
-    one forward and one backward with tangents, instead of the reference's
-    ``create_graph`` backward followed by a second backward through it.
-    ``hvp="double"`` is that reverse-over-reverse route.
+    ``hvp="double"`` (default) takes Hg reverse-over-reverse, ``∇(gᵀ∇L)`` through a
+    ``create_graph`` backward, like the reference. ``hvp="forward"`` takes it
+    forward-over-reverse (``torch.func.jvp`` of ``torch.func.grad``): the same values,
+    an independent route that the tests cross-check; on CPU it measured ~1.3x slower.
+    ``chunk_size`` 64 keeps peak memory below the reference's two half-batches for
+    its default 25 x 10 samples.
     """
     _need_data(data, "grasp")
     if hvp not in ("forward", "double"):
