@@ -173,7 +173,11 @@ def _exact(keys: torch.Tensor, idx: torch.Tensor | None, k: int) -> torch.Tensor
     ``idx`` maps positions in ``keys`` to indices of the original tensor (None means
     identity). Works on any device without a host sync.
     """
-    kth = torch.topk(keys, k, sorted=False).values.min()
+    m = keys.numel()
+    if 2 * k > m:  # the k-th largest is the (m - k + 1)-th smallest: a smaller topk
+        kth = torch.topk(keys, m - k + 1, largest=False, sorted=False).values.max()
+    else:
+        kth = torch.topk(keys, k, sorted=False).values.min()
     above = keys > kth
     tied = keys == kth
     need = k - torch.count_nonzero(above)
@@ -278,11 +282,12 @@ def _to_float(t, keys: torch.Tensor, dtype: torch.dtype) -> float:
     return float(torch.tensor(t, dtype=keys.dtype).view(dtype))
 
 
-def _at_least(keys: torch.Tensor, t: float):
+def _at_least(keys: torch.Tensor, t: float, mask: torch.Tensor | None = None):
     """Positions and values of ``keys >= t``; raises ``_NaNError`` on a NaN key."""
     # ``~(keys < t)`` also admits NaN, which is then caught on the few survivors
     # instead of by a separate pass over every key
-    pos = torch.nonzero(torch.lt(keys, t).logical_not_()).squeeze(1)
+    mask = torch.lt(keys, t, out=None if mask is None else mask[: keys.numel()])
+    pos = torch.nonzero(mask.logical_not_()).squeeze(1)
     vals = keys[pos]
     if _has_nan(vals):
         raise _NaNError
@@ -308,12 +313,18 @@ def _from_blocks(x: torch.Tensor, keys: torch.Tensor, tk, absolute: bool):
 def _direct(x: torch.Tensor, t: float, absolute: bool):
     """Indices (ascending) and keys of every ``key >= t``, chunk by chunk.
 
-    Chunks keep every temporary cache-sized: no N-sized allocation, and none large
-    enough for the allocator to return to the OS and page-fault back in per call.
+    Two chunk-sized buffers, reused across chunks, hold the keys and the mask: no
+    N-sized allocation, and none that the allocator would hand back to the OS and
+    page-fault in again on every chunk.
     """
+    size = min(CHUNK, x.numel())
+    key_buf = torch.empty(size, dtype=x.dtype, device=x.device) if absolute else None
+    mask_buf = torch.empty(size, dtype=torch.bool, device=x.device)
     idx, vals = [], []
     for start in range(0, x.numel(), CHUNK):
-        pos, v = _at_least(_key(x[start : start + CHUNK], absolute), t)
+        chunk = x[start : start + CHUNK]
+        keys = torch.abs(chunk, out=key_buf[: chunk.numel()]) if absolute else chunk
+        pos, v = _at_least(keys, t, mask_buf)
         idx.append(pos + start)
         vals.append(v)
     return torch.cat(idx), torch.cat(vals)
