@@ -263,6 +263,7 @@ def topk(out: Path, *, quick: bool = False) -> dict:
         out / "topk.png",
         ylabel="test accuracy (%)",
         title=f"MLP on digits, {epochs} epochs: top-k gradient density",
+        ymin=0.0 if quick else 90.0,
     )
     result = _training_result("topk", quick, epochs, seeds, runs)
     return result, _table(["gradients", "test accuracy (%)"], table)

@@ -42,11 +42,13 @@ def plot_accuracy_vs_sparsity(runs: list[dict], path, *, title: str = "") -> Non
         label = r["method"] + (" (shuffled)" if r.get("shuffle") else "")
         groups[label][r["sparsity"]].append(100 * r["test_accuracy"])
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    methods = sorted({label.split(" ")[0] for label in groups})
+    colors = {m: f"C{i}" for i, m in enumerate(methods)}  # a method and its shuffle: one
     for label in sorted(groups):
         xs = sorted(groups[label])
         means = [statistics.mean(groups[label][x]) for x in xs]
         stds = [statistics.pstdev(groups[label][x]) for x in xs]
-        style = "--" if "shuffled" in label else "-"
+        shuffled = "shuffled" in label
         ax.errorbar(
             [1 - x for x in xs],
             means,
@@ -54,7 +56,9 @@ def plot_accuracy_vs_sparsity(runs: list[dict], path, *, title: str = "") -> Non
             label=label,
             marker="o",
             capsize=3,
-            linestyle=style,
+            linestyle="--" if shuffled else "-",
+            color=colors[label.split(" ")[0]],
+            alpha=0.55 if shuffled else 1.0,
         )
     ax.set_xscale("log")
     ax.invert_xaxis()
@@ -68,7 +72,9 @@ def plot_accuracy_vs_sparsity(runs: list[dict], path, *, title: str = "") -> Non
     plt.close(fig)
 
 
-def plot_bars(labels: list[str], values: list[float], path, *, ylabel: str, title: str = ""):
+def plot_bars(
+    labels: list[str], values: list[float], path, *, ylabel: str, title: str = "", ymin=0.0
+):
     """One bar per label, value printed on top."""
     plt = _figure()
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -78,7 +84,8 @@ def plot_bars(labels: list[str], values: list[float], path, *, ylabel: str, titl
             f"{v:.1f}", (bar.get_x() + bar.get_width() / 2, v), ha="center", va="bottom", fontsize=9
         )
     ax.set_ylabel(ylabel)
-    ax.set_ylim(0, max(values + [1.0]) * 1.12)
+    top = max(values + [1.0])
+    ax.set_ylim(ymin, top + (top - ymin) * 0.12)
     if title:
         ax.set_title(title, fontsize=10)
     ax.grid(True, axis="y", alpha=0.3)
