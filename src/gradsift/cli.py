@@ -57,7 +57,7 @@ def _spec(args: argparse.Namespace, **overrides):
         model=args.model,
         dataset=args.dataset,
         method=args.method,
-        sparsity=args.sparsity,
+        sparsity=args.sparsity if args.method else 0.0,
         iterations=args.iterations,
         seed=args.seed,
         train=cfg,
