@@ -282,12 +282,27 @@ def _to_float(t, keys: torch.Tensor, dtype: torch.dtype) -> float:
     return float(torch.tensor(t, dtype=keys.dtype).view(dtype))
 
 
+def _nonzero(mask: torch.Tensor) -> torch.Tensor:
+    """``torch.nonzero(mask)`` for a sparse 1-D bool mask, scanning 8x fewer elements.
+
+    The mask is read as int64 words of 8 flags: only the non-zero words are expanded.
+    With ~1% of flags set, about 1 word in 10 is non-zero, so the two ``nonzero``
+    calls cover ~N/8 + N/10 elements instead of N (``nonzero`` dominates the cost).
+    """
+    n = mask.numel()
+    if n < 4096 or n % 8 or mask.device.type != "cpu":
+        return torch.nonzero(mask).squeeze(1)
+    words = torch.nonzero(mask.view(torch.int64)).squeeze(1)
+    flags = torch.nonzero(mask.view(-1, 8)[words].flatten()).squeeze(1)
+    return (words[flags >> 3] << 3) | (flags & 7)
+
+
 def _at_least(keys: torch.Tensor, t: float, mask: torch.Tensor | None = None):
     """Positions and values of ``keys >= t``; raises ``_NaNError`` on a NaN key."""
     # ``~(keys < t)`` also admits NaN, which is then caught on the few survivors
     # instead of by a separate pass over every key
     mask = torch.lt(keys, t, out=None if mask is None else mask[: keys.numel()])
-    pos = torch.nonzero(mask.logical_not_()).squeeze(1)
+    pos = _nonzero(mask.logical_not_())
     vals = keys[pos]
     if _has_nan(vals):
         raise _NaNError
