@@ -411,3 +411,14 @@ def test_plain_sgd_fast_path_equals_inner_step():
         opt_b.step()
     for p, q in zip(a, b):
         torch.testing.assert_close(p, q, rtol=1e-15, atol=1e-15)
+
+
+def test_zero_grad_resets_an_assigned_grad():
+    a = nn.Parameter(torch.ones(4))
+    opt = TopK(torch.optim.SGD([a], lr=1.0), k=1)
+    a.grad = torch.full((4,), 5.0)  # a foreign tensor, not the flat-buffer view
+    opt.zero_grad()
+    assert torch.equal(a.grad, torch.zeros(4))
+    (a * torch.tensor([1.0, 2.0, 3.0, 4.0])).sum().backward()
+    opt.step()
+    assert a.tolist() == [1.0, 1.0, 1.0, -3.0]

@@ -428,13 +428,15 @@ class TopK(Optimizer):
                 b.grad[sparse[1]] = 0
             else:
                 b.grad.zero_()
+        for b in self._buckets:
+            for i, p in enumerate(b.params):
+                if set_to_none:
+                    p.grad = None
+                elif p.grad is not None and not b.owns_grad(i):
+                    p.grad = b.view(b.grad, i)  # an assigned grad: back to the zeroed view
         for p in self._params():
-            if p.grad is None:
-                continue
-            if set_to_none:
-                p.grad = None
-            elif not self._in_bucket(p):
-                p.grad.zero_()
+            if p.grad is not None and not self._in_bucket(p):
+                p.grad = None if set_to_none else p.grad.zero_()
 
     def state_dict(self) -> dict:
         """The inner optimizer's state dict, with ``residual`` added to each state."""
