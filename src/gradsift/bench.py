@@ -174,70 +174,85 @@ def _peak_rss() -> int:
     return 1024 * _status_kib("VmHWM")
 
 
-def _score_job(which: str, model_name: str, samples_per_class: int, chunk_size: int, queue):
-    """Run one GraSP scoring in a fresh process; report seconds and peak RSS growth."""
+def _grasp_inputs(model_name: str, samples_per_class: int):
     from gradsift.models import build_model
-    from gradsift.pruning import score
-    from gradsift.reference import reference_grasp
 
     torch.manual_seed(0)
     classes = 10
     model = build_model(model_name, input_shape=(3, 32, 32), num_classes=classes)
     gen = torch.Generator().manual_seed(0)
-    n = classes * samples_per_class
     y = torch.arange(classes).repeat_interleave(samples_per_class)
-    x = torch.randn(n, 3, 32, 32, generator=gen)
-    before = _reset_peak_rss()
-    start = time.perf_counter()
+    x = torch.randn(classes * samples_per_class, 3, 32, 32, generator=gen)
+    return model, x, y
+
+
+def _grasp_call(which: str, model, x, y, chunk_size: int):
+    from gradsift.pruning import score
+    from gradsift.reference import reference_grasp
+
     if which == "ours":
-        score(model, "grasp", [(x, y)], samples_per_class=samples_per_class, chunk_size=chunk_size)
-    else:
-        reference_grasp(model, x, y)
-    seconds = time.perf_counter() - start
-    queue.put((seconds, _peak_rss() - before))
+        per_class = y.numel() // int(y.max() + 1)
+        return lambda: score(
+            model, "grasp", [(x, y)], samples_per_class=per_class, chunk_size=chunk_size
+        )
+    return lambda: reference_grasp(model, x, y)
+
+
+def _peak_job(which: str, model_name: str, samples_per_class: int, chunk_size: int, queue):
+    """One GraSP scoring in a fresh process: report its peak RSS growth in bytes."""
+    model, x, y = _grasp_inputs(model_name, samples_per_class)
+    run = _grasp_call(which, model, x, y, chunk_size)
+    before = _reset_peak_rss()
+    run()
+    queue.put(_peak_rss() - before)
 
 
 def bench_score(model: str = "resnet20", samples_per_class: int = 25, repeats: int = 3):
     """Our GraSP vs the reference transcription: median time and peak memory growth.
 
-    Each measurement runs in a fresh spawned process; peak memory is the growth of
-    the kernel's peak-RSS mark (reset just before scoring, Linux ``clear_refs``).
+    Time: in this process, one warm-up call each, then ``repeats`` rounds that run
+    every configuration once (interleaved, so machine noise hits all alike); median.
+    Memory: each configuration once in a fresh spawned process, as the growth of the
+    kernel's peak-RSS mark (reset just before scoring, Linux ``clear_refs``).
     Ours runs with its default chunk size (64) and with half the sample (as the
     reference does).
     """
     import multiprocessing as mp
 
-    ctx = mp.get_context("spawn")
     n = 10 * samples_per_class
     configs = [("reference", n // 2), ("ours", 64), ("ours", (n + 1) // 2)]
-    results = {}
+    net, x, y = _grasp_inputs(model, samples_per_class)
+    calls = {c: _grasp_call(c[0], net, x, y, c[1]) for c in configs}
+    times = {c: [] for c in configs}
+    for call in calls.values():
+        call()  # warm-up
+    for _ in range(repeats):
+        for c, call in calls.items():
+            start = time.perf_counter()
+            call()
+            times[c].append(time.perf_counter() - start)
+    ctx = mp.get_context("spawn")
+    peaks = {}
     for which, chunk in configs:
-        runs = []
-        for _ in range(repeats):
-            queue = ctx.Queue()
-            proc = ctx.Process(
-                target=_score_job, args=(which, model, samples_per_class, chunk, queue)
-            )
-            proc.start()
-            runs.append(queue.get(timeout=600))
-            proc.join()
-        results[(which, chunk)] = (
-            statistics.median(r[0] for r in runs),
-            statistics.median(r[1] for r in runs),
-        )
-    ref_s, ref_b = results[("reference", n // 2)]
+        queue = ctx.Queue()
+        proc = ctx.Process(target=_peak_job, args=(which, model, samples_per_class, chunk, queue))
+        proc.start()
+        peaks[(which, chunk)] = queue.get(timeout=600)
+        proc.join()
+    ref = configs[0]
+    ref_s = statistics.median(times[ref])
     return [
         {
             "method": which,
             "model": model,
             "samples": n,
             "chunk_size": chunk,
-            "seconds": s,
-            "peak_bytes": b,
-            "time_over_reference": s / ref_s,
-            "memory_over_reference": b / ref_b if ref_b else float("nan"),
+            "seconds": statistics.median(times[(which, chunk)]),
+            "peak_bytes": peaks[(which, chunk)],
+            "time_over_reference": statistics.median(times[(which, chunk)]) / ref_s,
+            "memory_over_reference": peaks[(which, chunk)] / peaks[ref],
         }
-        for (which, chunk), (s, b) in results.items()
+        for which, chunk in configs
     ]
 
 
