@@ -292,9 +292,11 @@ def _nonzero(mask: torch.Tensor) -> torch.Tensor:
     n = mask.numel()
     if n < 4096 or n % 8 or mask.device.type != "cpu":
         return torch.nonzero(mask).squeeze(1)
-    words = torch.nonzero(mask.view(torch.int64)).squeeze(1)
-    flags = torch.nonzero(mask.view(-1, 8)[words].flatten()).squeeze(1)
-    return (words[flags >> 3] << 3) | (flags & 7)
+    packed = mask.view(torch.int64)
+    words = torch.nonzero(packed).squeeze(1)
+    # index_select: much faster than advanced indexing for gathers on CPU
+    flags = torch.nonzero(torch.index_select(packed, 0, words).view(torch.bool)).squeeze(1)
+    return (torch.index_select(words, 0, flags >> 3) << 3) | (flags & 7)
 
 
 def _at_least(keys: torch.Tensor, t: float, mask: torch.Tensor | None = None):
@@ -303,7 +305,7 @@ def _at_least(keys: torch.Tensor, t: float, mask: torch.Tensor | None = None):
     # instead of by a separate pass over every key
     mask = torch.lt(keys, t, out=None if mask is None else mask[: keys.numel()])
     pos = _nonzero(mask.logical_not_())
-    vals = keys[pos]
+    vals = torch.index_select(keys, 0, pos)
     if _has_nan(vals):
         raise _NaNError
     return pos, vals
