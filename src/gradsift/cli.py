@@ -131,6 +131,7 @@ def _cmd_prune(args: argparse.Namespace) -> int:
     torch.manual_seed(args.seed)
     ds = load_dataset(args.dataset, root=args.data_root)
     model = build_model(args.model, input_shape=ds.input_shape, num_classes=ds.num_classes)
+    model.to(args.device)
     data = torch.utils.data.DataLoader(
         ds.train, batch_size=128, shuffle=True, generator=torch.Generator().manual_seed(args.seed)
     )
