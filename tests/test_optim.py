@@ -422,3 +422,80 @@ def test_zero_grad_resets_an_assigned_grad():
     (a * torch.tensor([1.0, 2.0, 3.0, 4.0])).sum().backward()
     opt.step()
     assert a.tolist() == [1.0, 1.0, 1.0, -3.0]
+
+
+def reference_dgc(params0, grads_per_step, k, lr, m):
+    """Deep Gradient Compression, Alg. 1 with momentum correction and factor masking."""
+    theta = torch.cat([p.reshape(-1) for p in params0]).clone()
+    u = torch.zeros_like(theta)
+    v = torch.zeros_like(theta)
+    for grads in grads_per_step:
+        g = torch.cat([x.reshape(-1) for x in grads])
+        u = m * u + g
+        v = v + u
+        order = torch.sort(-v.abs(), stable=True).indices[:k]
+        send = torch.zeros_like(v)
+        send[order] = v[order]
+        v[order] = 0
+        u[order] = 0
+        theta = theta - lr * send
+    return theta
+
+
+@pytest.mark.parametrize("scope_tensor_none", [False, True])
+def test_momentum_correction_matches_dgc_reference(scope_tensor_none):
+    torch.manual_seed(0)
+    shapes = [(6, 5), (7,), (4, 3)]
+    params = [nn.Parameter(torch.randn(s, dtype=torch.float64)) for s in shapes]
+    start = [p.detach().clone() for p in params]
+    opt = TopK(torch.optim.SGD(params, lr=0.1), k=5, momentum_correction=0.9)
+    gen = torch.Generator().manual_seed(1)
+    history = []
+    for _ in range(6):
+        grads = [torch.randn(s, generator=gen, dtype=torch.float64) for s in shapes]
+        history.append(grads)
+        if scope_tensor_none:  # foreign grads: the generic (non-fused) path
+            opt.zero_grad(set_to_none=True)
+            for p, g in zip(params, grads):
+                p.grad = g.clone()
+        else:
+            for p, g in zip(params, grads):
+                p.grad.copy_(g)
+        opt.step()
+    expected = reference_dgc(start, history, k=5, lr=0.1, m=0.9)
+    got = torch.cat([p.detach().reshape(-1) for p in params])
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+    sd = opt.state_dict()
+    assert all({"residual", "momentum"} <= set(st) for st in sd["state"].values())
+
+
+def test_momentum_correction_resume_is_bit_for_bit():
+    def factory(model):
+        return TopK(torch.optim.SGD(model.parameters(), lr=0.1), k=9, momentum_correction=0.9)
+
+    full, _ = _train(factory, 8)
+    half, opt = _train(factory, 4)
+    ckpt = copy.deepcopy({"model": half.state_dict(), "opt": opt.state_dict()})
+    resumed = Net()
+    resumed.load_state_dict(ckpt["model"])
+    opt2 = factory(resumed)
+    opt2.load_state_dict(ckpt["opt"])
+    _train(factory, 8, resumed, opt2, start=4)
+    for p, q in zip(full.parameters(), resumed.parameters()):
+        assert torch.equal(p, q)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"momentum_correction": 1.0}, "momentum_correction must be"),
+        ({"momentum_correction": 0.9, "error_feedback": False}, "needs error_feedback"),
+    ],
+)
+def test_momentum_correction_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        TopK(torch.optim.SGD(Net().parameters(), lr=0.1), k=3, **kwargs)
+    with pytest.raises(ValueError, match="set its momentum=0"):
+        TopK(
+            torch.optim.SGD(Net().parameters(), lr=0.1, momentum=0.9), k=3, momentum_correction=0.9
+        )

@@ -43,6 +43,22 @@ log = logging.getLogger(__name__)
 _SCOPES = ("global", "tensor")
 
 
+_OWN_STATE = ("residual", "momentum")  # per-parameter state TopK keeps itself
+
+
+def _check_momentum_correction(m, optimizer: Optimizer, error_feedback: bool) -> None:
+    if m is None:
+        return
+    if isinstance(m, bool) or not isinstance(m, (int, float)) or not 0.0 <= m < 1.0:
+        raise ValueError(f"momentum_correction must be a float in [0, 1), got {m!r}")
+    if not error_feedback:
+        raise ValueError("momentum_correction needs error_feedback=True (DGC accumulates u)")
+    if any(g.get("momentum", 0) for g in optimizer.param_groups):
+        raise ValueError(
+            "momentum_correction replaces the inner optimizer's momentum: set its momentum=0"
+        )
+
+
 def check_k_density(k: int | None, density: float | None) -> None:
     """Exactly one of ``k`` (a positive int) and ``density`` (in (0, 1]) is given."""
     if (k is None) == (density is None):
@@ -219,6 +235,11 @@ class TopK(Optimizer):
             it back next step (default True).
         scope: ``"global"`` selects across every parameter with a gradient, counting
             shared (tied) parameters once; ``"tensor"`` selects within each tensor.
+        momentum_correction: DGC's momentum correction (Lin et al. 2018, Sec. 3.2): keep
+            a local velocity ``u = m u + g`` in ``state[p]["momentum"]``, select on the
+            accumulated velocity, and zero ``u`` where a coordinate was sent (momentum
+            factor masking). Needs ``error_feedback`` and an inner optimizer without
+            momentum, which it replaces.
 
     Order within a step: ``loss.backward()``, optionally ``scaler.unscale_(opt)`` and
     ``clip_grad_norm_`` (these see the raw gradient), then ``opt.step()``, which adds
@@ -247,15 +268,18 @@ class TopK(Optimizer):
         density: float | None = None,
         error_feedback: bool = True,
         scope: str = "global",
+        momentum_correction: float | None = None,
     ) -> None:
         if not isinstance(optimizer, Optimizer):
             raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer)}")
         check_k_density(k, density)
         _check_scope(scope)
+        _check_momentum_correction(momentum_correction, optimizer, error_feedback)
         self.optimizer = optimizer
         self.k, self.density = k, density
         self.error_feedback = bool(error_feedback)
         self.scope = scope
+        self.momentum_correction = momentum_correction
         for name in (
             "_optimizer_step_pre_hooks",
             "_optimizer_step_post_hooks",
@@ -377,6 +401,8 @@ class TopK(Optimizer):
         complete = [b.attach_grads_() for b in self._buckets]
         params = [p for p in self._params() if p.grad is not None]
         self._check_finite(params)
+        if self.momentum_correction is not None:
+            self._accumulate_momentum_(params)
         fast = (
             self.scope == "global"
             and len(self._buckets) == 1
@@ -386,12 +412,28 @@ class TopK(Optimizer):
         if fast:
             b = self._buckets[0]
             k = resolve_k(b.grad.numel(), k=self.k, density=self.density)
-            return _fused_sparsify_(b.grad, b.residual, k, self._keys[0], self._scratch)
-        residuals = [self._residual(p) for p in params] if self.error_feedback else None
-        sparsify_grads_(
-            params, k=self.k, density=self.density, residuals=residuals, scope=self.scope
-        )
-        return None
+            selected = _fused_sparsify_(b.grad, b.residual, k, self._keys[0], self._scratch)
+        else:
+            residuals = [self._residual(p) for p in params] if self.error_feedback else None
+            sparsify_grads_(
+                params, k=self.k, density=self.density, residuals=residuals, scope=self.scope
+            )
+            selected = None
+        if self.momentum_correction is not None:
+            # momentum factor masking (DGC Sec. 3.2): a sent coordinate restarts
+            for p in params:
+                self.state[p]["momentum"].masked_fill_(p.grad != 0, 0.0)
+        return selected
+
+    @torch.no_grad()
+    def _accumulate_momentum_(self, params: list[torch.Tensor]) -> None:
+        """DGC momentum correction: ``u = m u + g`` locally; ``u`` is what is selected."""
+        for p in params:
+            st = self.state[p]
+            if "momentum" not in st:
+                st["momentum"] = torch.zeros_like(p)
+            st["momentum"].mul_(self.momentum_correction).add_(p.grad)
+            p.grad.copy_(st["momentum"])
 
     def step(self, closure=None):
         """Sparsify the gradients (see ``sparsify_``), then step the inner optimizer.
@@ -439,15 +481,16 @@ class TopK(Optimizer):
                 p.grad = None if set_to_none else p.grad.zero_()
 
     def state_dict(self) -> dict:
-        """The inner optimizer's state dict, with ``residual`` added to each state."""
+        """The inner optimizer's state dict, with ``residual`` (and ``momentum``) added."""
         sd = self.optimizer.state_dict()
         index = {id(p): i for i, p in enumerate(self._all_params_in_order())}
         state = dict(sd["state"])
         for p, st in self.state.items():
-            if "residual" in st:
+            own = {key: st[key].clone() for key in _OWN_STATE if key in st}
+            if own:
                 i = index[id(p)]
                 # a new dict: the inner state_dict shares its per-param dicts with .state
-                state[i] = {**state.get(i, {}), "residual": st["residual"].clone()}
+                state[i] = {**state.get(i, {}), **own}
         return {
             **sd,
             "state": state,
@@ -456,23 +499,25 @@ class TopK(Optimizer):
                 "density": self.density,
                 "error_feedback": self.error_feedback,
                 "scope": self.scope,
+                "momentum_correction": self.momentum_correction,
             },
         }
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """Restore the inner optimizer and the residuals (bit for bit)."""
+        """Restore the inner optimizer, residuals and momenta (bit for bit)."""
         state = {i: dict(st) for i, st in state_dict["state"].items()}
-        residuals = {i: st.pop("residual") for i, st in state.items() if "residual" in st}
+        own = {i: {key: st.pop(key) for key in _OWN_STATE if key in st} for i, st in state.items()}
         inner = {key: v for key, v in state_dict.items() if key != "topk"}
         inner["state"] = {i: st for i, st in state.items() if st}
         self.optimizer.load_state_dict(inner)
         params = self._all_params_in_order()
-        for i, r in residuals.items():
+        for i, saved in own.items():
             p = params[int(i)]
-            if "residual" in self.state[p]:
-                self.state[p]["residual"].copy_(r)
-            else:
-                self.state[p]["residual"] = r.to(device=p.device, dtype=p.dtype).clone()
+            for key, value in saved.items():
+                if key in self.state[p]:  # the residual is a view into the flat buffer
+                    self.state[p][key].copy_(value)
+                else:
+                    self.state[p][key] = value.to(device=p.device, dtype=p.dtype).clone()
 
     def _all_params_in_order(self) -> list[torch.Tensor]:
         # the order torch.optim.Optimizer.state_dict uses for its integer keys
