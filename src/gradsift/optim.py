@@ -15,6 +15,8 @@ so that ``s_t + r_{t+1} == g_t + r_t`` exactly: dropped mass is delayed, never l
 Only plain SGD (no momentum, no weight decay) then changes exactly the selected
 coordinates. Momentum, weight decay and adaptive optimizers (Adam) act on every
 coordinate, since their state or decay term is dense even when the gradient is not.
+``momentum_correction=m`` implements DGC's alternative: the velocity is kept locally
+and it is the velocity whose top-k is sent.
 """
 
 from __future__ import annotations
