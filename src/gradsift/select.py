@@ -174,6 +174,11 @@ def _exact(keys: torch.Tensor, idx: torch.Tensor | None, k: int) -> torch.Tensor
     identity). Works on any device without a host sync.
     """
     m = keys.numel()
+    if keys.device.type == "cpu" and m >= _DENSE_BELOW:
+        # many candidates (large k): bracket the k-th value from a sample instead of
+        # a topk over all of them; same selection, lowest-index ties
+        pos = torch.nonzero(topk_mask(keys, k, absolute=False)).squeeze(1)
+        return pos if idx is None else torch.index_select(idx, 0, pos)
     if 2 * k > m:  # the k-th largest is the (m - k + 1)-th smallest: a smaller topk
         kth = torch.topk(keys, m - k + 1, largest=False, sorted=False).values.max()
     else:
