@@ -11,7 +11,6 @@ import logging
 import os
 import socket
 import time
-from dataclasses import replace
 from datetime import timedelta
 
 import torch
@@ -137,7 +136,6 @@ def spawn(spec: RunSpec, nproc: int, *, out: str | None = None) -> dict:
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
     port = free_port()
-    spec = replace(spec)
     mp.start_processes(
         _worker, args=(nproc, port, spec, out, queue), nprocs=nproc, join=True, start_method="spawn"
     )
