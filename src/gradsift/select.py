@@ -93,13 +93,18 @@ def topk_mask(x: torch.Tensor, k: int, *, absolute: bool = True) -> torch.Tensor
     key = _key(x.contiguous(), absolute)
     if _has_nan(key):
         _raise_nan(x)
+    return _top_mask(key, k)
+
+
+def _top_mask(key: torch.Tensor, k: int) -> torch.Tensor:
+    """``topk_mask`` of keys already checked for NaN."""
     v = _kth_largest(key, k)
     at_least = key >= v
     if int(torch.count_nonzero(at_least)) == k:  # no surplus ties at v: the usual case
         return at_least
     # surplus ties at v: keep the lowest-index ones (a cumsum over N would be slower)
-    need = k - int(torch.count_nonzero(key > v))
     chosen = key > v
+    need = k - int(torch.count_nonzero(chosen))
     chosen[torch.nonzero(key == v).squeeze(1)[:need]] = True
     return chosen
 
@@ -177,7 +182,8 @@ def _exact(keys: torch.Tensor, idx: torch.Tensor | None, k: int) -> torch.Tensor
     if keys.device.type == "cpu" and m >= _DENSE_BELOW:
         # many candidates (large k): bracket the k-th value from a sample instead of
         # a topk over all of them; same selection, lowest-index ties
-        pos = torch.nonzero(topk_mask(keys, k, absolute=False)).squeeze(1)
+        # (callers have already ruled out NaN, so no second check over the keys)
+        pos = torch.nonzero(_top_mask(keys, k)).squeeze(1)
         return pos if idx is None else torch.index_select(idx, 0, pos)
     if 2 * k > m:  # the k-th largest is the (m - k + 1)-th smallest: a smaller topk
         kth = torch.topk(keys, m - k + 1, largest=False, sorted=False).values.max()
