@@ -97,14 +97,5 @@ def prune_at_init(
         apply_masks_(model, masks)
     if shuffle:
         masks = shuffle_masks(masks, generator=generator)
-        _replace_masks_(model, masks)
+        apply_masks_(model, masks, replace=True)
     return masks
-
-
-def _replace_masks_(model: nn.Module, masks: dict[str, torch.Tensor]) -> None:
-    from gradsift.pruning.params import prunable
-
-    for name, (module, attr) in prunable(model, list(masks)).items():
-        with torch.no_grad():
-            getattr(module, attr + "_mask").copy_(masks[name])
-            setattr(module, attr, getattr(module, attr + "_orig") * masks[name])

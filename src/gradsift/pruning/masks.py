@@ -142,11 +142,15 @@ def _reserve(flat: torch.Tensor, sizes: list[int], per_layer: int, keep: int) ->
     return out
 
 
-def apply_masks_(model: nn.Module, masks: dict[str, torch.Tensor]) -> None:
+def apply_masks_(
+    model: nn.Module, masks: dict[str, torch.Tensor], *, replace: bool = False
+) -> None:
     """Install ``masks`` with ``torch.nn.utils.prune.custom_from_mask``.
 
     A layer that is already pruned gets its ``*_mask`` buffer updated in place (one
-    forward pre-hook per weight, never a growing chain of pruning containers).
+    forward pre-hook per weight, never a growing chain of pruning containers): ANDed
+    with the new mask, so pruned weights stay pruned, or overwritten with
+    ``replace=True`` (a shuffled mask moves the kept positions).
     """
     targets = prunable(model, list(masks))
     for name, (module, attr) in targets.items():
@@ -156,7 +160,10 @@ def apply_masks_(model: nn.Module, masks: dict[str, torch.Tensor]) -> None:
             prune.custom_from_mask(module, attr, mask.to(getattr(module, attr).device))
         else:
             with torch.no_grad():
-                existing.mul_(mask.to(existing))
+                if replace:
+                    existing.copy_(mask)
+                else:
+                    existing.mul_(mask.to(existing))
         # recompute ``weight = weight_orig * weight_mask`` without autograd history, so
         # that the model deep-copies and pickles (the pre-hook redoes it every forward)
         with torch.no_grad():
