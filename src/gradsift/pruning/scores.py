@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
+from gradsift.pruning.masks import apply_masks_
 from gradsift.pruning.params import Selector, effective, original, prunable
 
 __all__ = [
@@ -85,13 +86,18 @@ def score(
     prunable(model, params)  # validate names against the caller's model
     devices = [d for d in {p.device for p in model.parameters()} if d.type == "cuda"]
     with torch.random.fork_rng(devices=devices):
-        work = deepcopy_model(model)
-        for p in work.parameters():
-            p.requires_grad_(False)
-            p.grad = None
-        targets = prunable(work, params)
+        work, targets = _private_copy(model, params)
         scores = _METHODS[method](work, targets, data, **_checked(method, options))
     return {name: s.detach() for name, s in scores.items()}
+
+
+def _private_copy(model: nn.Module, params: Selector):
+    """A deep copy to score on (no grads, nothing requiring grad) and its targets."""
+    work = deepcopy_model(model)
+    for p in work.parameters():
+        p.requires_grad_(False)
+        p.grad = None
+    return work, prunable(work, params)
 
 
 def deepcopy_model(model: nn.Module) -> nn.Module:
@@ -385,14 +391,8 @@ def synflow_rescorer(
     Equal to ``score(model_with_masks, "synflow")`` each round, without re-copying and
     re-linearising the network every round (the masks are the only thing that change).
     """
-    from gradsift.pruning.masks import apply_masks_  # masks does not import scores
-
     shape = _input_shape(data, input_shape)
-    work = deepcopy_model(model)
-    for p in work.parameters():
-        p.requires_grad_(False)
-        p.grad = None
-    targets = prunable(work, params)
+    work, targets = _private_copy(model, params)
     _linearise_(work, dtype)
 
     def rescore(masks: dict | None) -> dict[str, torch.Tensor]:
