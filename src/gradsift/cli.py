@@ -126,18 +126,15 @@ def _cmd_prune(args: argparse.Namespace) -> int:
 
     from gradsift.data import load_dataset
     from gradsift.models import build_model
-    from gradsift.pruning import prune_at_init, sparsity_report
+    from gradsift.pruning import sparsity_report
+    from gradsift.runs import prune_for_run
 
     torch.manual_seed(args.seed)
     ds = load_dataset(args.dataset, root=args.data_root)
     model = build_model(args.model, input_shape=ds.input_shape, num_classes=ds.num_classes)
     model.to(args.device)
-    data = torch.utils.data.DataLoader(
-        ds.train, batch_size=128, shuffle=True, generator=torch.Generator().manual_seed(args.seed)
-    )
-    options = {"samples_per_class": 10} if args.method == "grasp" else {}
-    masks = prune_at_init(
-        model, args.method, args.sparsity, data, iterations=args.iterations, **options
+    masks = prune_for_run(
+        model, ds, args.method, args.sparsity, iterations=args.iterations, seed=args.seed
     )
     report = sparsity_report(model)
     print(report)

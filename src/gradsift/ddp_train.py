@@ -23,8 +23,8 @@ from gradsift.data import load_dataset
 from gradsift.distributed import TopKHookState, topk_hook
 from gradsift.io import atomic_write_json
 from gradsift.models import build_model
-from gradsift.pruning import prune_at_init, sparsity_report
-from gradsift.runs import RunSpec
+from gradsift.pruning import sparsity_report
+from gradsift.runs import RunSpec, prune_for_run
 from gradsift.train import evaluate
 
 __all__ = ["train_ddp", "spawn", "free_port", "under_torchrun"]
@@ -66,15 +66,14 @@ def _train(spec: RunSpec, rank: int, world: int, out: str | None) -> dict | None
     ds = load_dataset(spec.dataset, root=spec.data_root)
     model = build_model(spec.model, input_shape=ds.input_shape, num_classes=ds.num_classes)
     if spec.method is not None:
-        data = DataLoader(
-            ds.train,
-            batch_size=128,
-            shuffle=True,
-            generator=torch.Generator().manual_seed(spec.seed),
-        )
-        options = {"samples_per_class": 10} if spec.method == "grasp" else {}
-        prune_at_init(
-            model, spec.method, spec.sparsity, data, iterations=spec.iterations, **options
+        prune_for_run(
+            model,
+            ds,
+            spec.method,
+            spec.sparsity,
+            iterations=spec.iterations,
+            seed=spec.seed,
+            shuffle=spec.shuffle,
         )
     ddp = DistributedDataParallel(model)
     state = None

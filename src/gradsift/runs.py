@@ -15,7 +15,7 @@ from gradsift.models import build_model
 from gradsift.pruning import prune_at_init, sparsity_report
 from gradsift.train import TrainConfig, train
 
-__all__ = ["RunSpec", "run_one", "run_sweep", "load_results"]
+__all__ = ["RunSpec", "prune_for_run", "run_one", "run_sweep", "load_results"]
 
 log = logging.getLogger(__name__)
 
@@ -43,11 +43,43 @@ class RunSpec:
         )
 
 
-def _prune_options(method: str, num_classes: int) -> dict:
+def prune_for_run(
+    model,
+    ds,
+    method: str,
+    sparsity: float,
+    *,
+    iterations: int = 1,
+    seed: int = 0,
+    shuffle: bool = False,
+) -> dict:
+    """Prune ``model`` at init on ``ds``'s training set as every run does; the masks.
+
+    One definition for ``run_one``, data-parallel training and ``gradsift prune``:
+    seeded batches of 128, GraSP on 10 samples per class (digits' train split holds at
+    least 120 of each), random scores and mask shuffling seeded by ``seed``.
+    """
+    batches = torch.utils.data.DataLoader(
+        ds.train,
+        batch_size=128,
+        shuffle=True,
+        generator=torch.Generator().manual_seed(seed),
+    )
+    options: dict = {}
     if method == "grasp":
-        # digits' train split holds >= 120 of each class; keep the sample modest
-        return {"samples_per_class": 10, "num_classes": num_classes}
-    return {}
+        options = {"samples_per_class": 10, "num_classes": ds.num_classes}
+    elif method == "random":
+        options = {"seed": seed}
+    return prune_at_init(
+        model,
+        method,
+        sparsity,
+        batches,
+        iterations=iterations,
+        shuffle=shuffle,
+        generator=torch.Generator().manual_seed(seed),
+        **options,
+    )
 
 
 def run_one(spec: RunSpec, *, progress: bool = False) -> dict:
@@ -57,24 +89,14 @@ def run_one(spec: RunSpec, *, progress: bool = False) -> dict:
     model = build_model(spec.model, input_shape=ds.input_shape, num_classes=ds.num_classes)
     start = time.perf_counter()
     if spec.method is not None:
-        batches = torch.utils.data.DataLoader(
-            ds.train,
-            batch_size=128,
-            shuffle=True,
-            generator=torch.Generator().manual_seed(spec.seed),
-        )
-        options = _prune_options(spec.method, ds.num_classes)
-        if spec.method == "random":
-            options["seed"] = spec.seed
-        prune_at_init(
+        prune_for_run(
             model,
+            ds,
             spec.method,
             spec.sparsity,
-            batches,
             iterations=spec.iterations,
+            seed=spec.seed,
             shuffle=spec.shuffle,
-            generator=torch.Generator().manual_seed(spec.seed),
-            **options,
         )
     prune_seconds = time.perf_counter() - start
     report = sparsity_report(model)
