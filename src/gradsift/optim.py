@@ -178,12 +178,14 @@ def _fused_sparsify_(grad, residual, k, keys, scratch=None):
         elif s < nbody:
             block_keys(src[s:end], out=keys[s // BLOCK : end // BLOCK], scratch=scratch)
     idx = topk_from_block_keys(src, k, keys)
-    vals = src[idx]
+    # index_select / index_fill_ / index_copy_: on CPU several times faster than
+    # advanced indexing (``src[idx]``, ``r[idx] = 0``) for a few thousand indices
+    vals = torch.index_select(src, 0, idx)
     if residual is None:
         grad.zero_()
     else:
-        residual[idx] = 0
-    grad[idx] = vals
+        residual.index_fill_(0, idx, 0)
+    grad.index_copy_(0, idx, vals)
     return idx, vals
 
 

@@ -34,6 +34,7 @@ and the exact tie rule are ours.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -114,8 +115,7 @@ def _kth_largest(key: torch.Tensor, k: int) -> torch.Tensor:
     n = key.numel()
     if n < _DENSE_BELOW:
         return torch.kthvalue(key, n - k + 1).values
-    gen = torch.Generator().manual_seed(_SEED)
-    sample = key[torch.randint(0, n, (_SAMPLE,), generator=gen)]
+    sample = torch.index_select(key, 0, _sample_positions(n, key.device))
     sample = torch.sort(sample, descending=True).values
     expected = k * _SAMPLE / n  # sample values expected above the k-th largest
     margin = 4.0 * math.sqrt(expected * (1.0 - k / n)) + 2.0
@@ -272,8 +272,7 @@ def _sample(values: torch.Tensor, k: int, absolute: bool = False):
     so the first threshold falls short of ``k`` with probability ~3e-5; then r grows 4x.
     """
     n = values.numel()
-    gen = torch.Generator().manual_seed(_SEED)
-    sample = _key(values[torch.randint(0, n, (_SAMPLE,), generator=gen)], absolute)
+    sample = _key(torch.index_select(values, 0, _sample_positions(n, values.device)), absolute)
     if sample.is_floating_point():
         sample = sample.float()  # exact upcast: float() of it is a value of the dtype
     expected = k * _SAMPLE / n
@@ -284,6 +283,17 @@ def _sample(values: torch.Tensor, k: int, absolute: bool = False):
         if r == _SAMPLE:
             return
         rank *= 4.0
+
+
+@functools.lru_cache(maxsize=16)
+def _sample_positions(n: int, device: torch.device) -> torch.Tensor:
+    """``_SAMPLE`` fixed-seed random positions in ``range(n)``, drawn once per ``n``.
+
+    The optimizer samples the same-sized vector every step: drawing the positions
+    again each time costs more than gathering them. Read-only (shared between calls).
+    """
+    gen = torch.Generator().manual_seed(_SEED)
+    return torch.randint(0, n, (_SAMPLE,), generator=gen).to(device)
 
 
 def _to_float(t, keys: torch.Tensor, dtype: torch.dtype) -> float:
