@@ -279,19 +279,29 @@ def _grasp(
     def weighted(out, yc):  # this chunk's share of the mean loss over the sample
         return loss_fn(out / temperature, yc) * (yc.numel() / n)
 
+    # The last chunk's create_graph gradient is kept from the first pass and used first
+    # in the second: that saves one forward and backward at no extra peak memory (one
+    # chunk's graph is alive either way). Hg is still summed in chunk order.
     g = [torch.zeros_like(t) for t in leaves]
-    for xc, yc in chunks:
-        for acc, gi in zip(g, torch.autograd.grad(weighted(model(xc), yc), leaves)):
-            acc += gi
+    kept = None
+    for i, (xc, yc) in enumerate(chunks):
+        keep = hvp == "double" and i == len(chunks) - 1
+        grads = torch.autograd.grad(weighted(model(xc), yc), leaves, create_graph=keep)
+        for acc, gi in zip(g, grads):
+            acc += gi.detach()
+        kept = grads if keep else None
     names = [_param_path(model, m, a) for m, a in targets.values()]
+    last = _hvp_double(model, leaves, weighted, *chunks[-1], g, kept) if kept else None
     hg = [torch.zeros_like(t) for t in leaves]
-    for xc, yc in chunks:
+    for xc, yc in chunks if last is None else chunks[:-1]:
         if hvp == "forward":
             part = _hvp_forward(model, names, leaves, weighted, xc, yc, g)
         else:
             part = _hvp_double(model, leaves, weighted, xc, yc, g)
         for acc, h in zip(hg, part):
             acc += h
+    for acc, h in zip(hg, last or ()):
+        acc += h
     return {name: effective(m, a).detach() * h for (name, (m, a)), h in zip(targets.items(), hg)}
 
 
@@ -307,9 +317,13 @@ def _batch_stats_only_(model: nn.Module) -> None:
             m.running_mean = m.running_var = m.num_batches_tracked = None
 
 
-def _hvp_double(model, leaves, weighted, xc, yc, g):
-    """Hg reverse-over-reverse: ``∇(gᵀ∇L)`` through a ``create_graph`` backward."""
-    grads = torch.autograd.grad(weighted(model(xc), yc), leaves, create_graph=True)
+def _hvp_double(model, leaves, weighted, xc, yc, g, grads=None):
+    """Hg reverse-over-reverse: ``∇(gᵀ∇L)`` through a ``create_graph`` backward.
+
+    ``grads``: this chunk's ``create_graph`` gradient if already computed.
+    """
+    if grads is None:
+        grads = torch.autograd.grad(weighted(model(xc), yc), leaves, create_graph=True)
     z = sum((gi * gg).sum() for gi, gg in zip(grads, g))
     return torch.autograd.grad(z, leaves)
 
