@@ -135,8 +135,10 @@ def test_snip_against_autograd_reference():
         torch.testing.assert_close(got[n], expected[n], rtol=1e-12, atol=1e-15)
 
 
-@pytest.mark.parametrize("hvp", ["forward", "double"])
-def test_grasp_against_hvp_reference_and_sign(hvp):
+@pytest.mark.parametrize(
+    ("hvp", "keep_graphs"), [("forward", False), ("double", False), ("double", True)]
+)
+def test_grasp_against_hvp_reference_and_sign(hvp, keep_graphs):
     model = mlp()
     data = batches(4, n=6)  # 24 samples, 8 per class
     names = ["1.weight", "3.weight", "5.weight"]
@@ -147,7 +149,15 @@ def test_grasp_against_hvp_reference_and_sign(hvp):
     g = torch.autograd.grad(f(leaf), leaf)[0].detach()
     _, hg = torch.autograd.functional.hvp(f, w.detach(), g)
     paper = -w.detach() * hg  # S(-θ) = -θ ⊙ Hg, the paper removes the highest
-    got = gradsift.score(model, "grasp", data, samples_per_class=per_class, chunk_size=4, hvp=hvp)
+    got = gradsift.score(
+        model,
+        "grasp",
+        data,
+        samples_per_class=per_class,
+        chunk_size=4,
+        hvp=hvp,
+        keep_graphs=keep_graphs,
+    )
     expected = _unflatten(-paper, model, names)
     for n in names:
         torch.testing.assert_close(got[n], expected[n], rtol=1e-9, atol=1e-18)
@@ -161,6 +171,11 @@ def test_grasp_chunking_does_not_change_result(hvp):
     b = gradsift.score(model, "grasp", data, samples_per_class=6, chunk_size=1000, hvp=hvp)
     for n in a:
         torch.testing.assert_close(a[n], b[n], rtol=1e-10, atol=1e-20)
+
+
+def test_grasp_keep_graphs_needs_double_backward():
+    with pytest.raises(ValueError, match="keep_graphs=True needs hvp='double'"):
+        gradsift.score(mlp(), "grasp", batches(4, n=6), hvp="forward", keep_graphs=True)
 
 
 def test_grasp_missing_class_raises_instead_of_looping():

@@ -9,6 +9,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from functools import partial
 
 import torch
 
@@ -56,19 +57,6 @@ def bench_select(sizes=(1_000_000, 11_700_000, 25_000_000), repeats: int = 7, se
     return rows
 
 
-def median_ms_with_setup(setup: Callable[[], object], fn: Callable[[], object], repeats: int):
-    """Median time of ``fn()`` in ms; ``setup()`` runs untimed before each call."""
-    setup()
-    fn()
-    times = []
-    for _ in range(repeats):
-        setup()
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
-
-
 def resnet18_shapes() -> list[tuple[int, ...]]:
     """Parameter shapes of torchvision's ResNet-18 (ImageNet head): 62 tensors, 11.69M."""
     shapes: list[tuple[int, ...]] = [(64, 3, 7, 7), (64,), (64,)]
@@ -96,8 +84,36 @@ def _naive_topk_step(params, sgd, k):
     sgd.step()
 
 
-def bench_step(densities=(0.001, 0.01), repeats: int = 7, seed: int = 0):
-    """``TopK(SGD)`` + EF step vs dense ``SGD(foreach=True)`` vs the naive method."""
+def interleaved_ms(cases: dict, repeats: int) -> dict[str, list[float]]:
+    """Times in ms of each ``(setup, fn)`` in ``cases``, ``repeats`` rounds.
+
+    Every round runs each case once (``setup()`` untimed before it), so drift in the
+    machine's speed hits all cases alike; one warm-up call each first.
+    """
+    for setup, fn in cases.values():
+        setup()
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(repeats):
+        for name, (setup, fn) in cases.items():
+            setup()
+            start = time.perf_counter()
+            fn()
+            times[name].append(1e3 * (time.perf_counter() - start))
+    return times
+
+
+def _ratio(num: list[float], den: list[float]) -> float:
+    """Median over rounds of the per-round ratio (robust to drift between rounds)."""
+    return statistics.median(a / b for a, b in zip(num, den))
+
+
+def bench_step(densities=(0.001, 0.01), repeats: int = 15, seed: int = 0):
+    """``TopK(SGD)`` + EF step vs dense ``SGD(foreach=True)`` vs the naive method.
+
+    The three run interleaved (``interleaved_ms``); times are medians, ratios are
+    medians of the per-round ratios.
+    """
     from gradsift.optim import TopK, resolve_k
 
     gen = torch.Generator().manual_seed(seed)
@@ -111,42 +127,41 @@ def bench_step(densities=(0.001, 0.01), repeats: int = 7, seed: int = 0):
         return ps
 
     def refill(ps):
-        for p, g in zip(ps, grads):
-            p.grad.copy_(g)  # in place: keeps TopK's flat-buffer views
+        return lambda: [p.grad.copy_(g) for p, g in zip(ps, grads)]  # in place: keeps views
 
     n = sum(g.numel() for g in grads)
     param_bytes = sum(g.numel() * g.element_size() for g in grads)
     dense_ps = fresh()
     dense = torch.optim.SGD(dense_ps, lr=1e-3, foreach=True)
-    dense_ms = median_ms_with_setup(lambda: refill(dense_ps), dense.step, repeats)
     rows = []
     for density in densities:
         k = resolve_k(n, density=density)
-        ps = fresh()
+        ps, naive_ps = fresh(), fresh()
         opt = TopK(torch.optim.SGD(ps, lr=1e-3, foreach=True), density=density)
-        ours = median_ms_with_setup(lambda: refill(ps), opt.step, repeats)  # noqa: B023
+        sgd = torch.optim.SGD(naive_ps, lr=1e-3, foreach=True)
+        t = interleaved_ms(
+            {
+                "ours": (refill(ps), opt.step),
+                "dense": (refill(dense_ps), dense.step),
+                "naive": (refill(naive_ps), partial(_naive_topk_step, naive_ps, sgd, k)),
+            },
+            repeats,
+        )
         held = sum(b.residual.numel() * b.residual.element_size() for b in opt._buckets)
         keys = sum(t.numel() * t.element_size() for t in opt._keys)
         if opt._scratch is not None:
             keys += opt._scratch.numel() * opt._scratch.element_size()
-        naive_ps = fresh()
-        sgd = torch.optim.SGD(naive_ps, lr=1e-3, foreach=True)
-        naive = median_ms_with_setup(
-            lambda: refill(naive_ps),  # noqa: B023
-            lambda: _naive_topk_step(naive_ps, sgd, k),  # noqa: B023
-            repeats,
-        )
         rows.append(
             {
                 "n": n,
                 "tensors": len(shapes),
                 "density": density,
                 "k": k,
-                "topk_ef_ms": ours,
-                "dense_sgd_ms": dense_ms,
-                "naive_ms": naive,
-                "ours_over_dense": ours / dense_ms,
-                "naive_over_ours": naive / ours,
+                "topk_ef_ms": statistics.median(t["ours"]),
+                "dense_sgd_ms": statistics.median(t["dense"]),
+                "naive_ms": statistics.median(t["naive"]),
+                "ours_over_dense": _ratio(t["ours"], t["dense"]),
+                "naive_over_ours": _ratio(t["naive"], t["ours"]),
                 "residual_bytes": held,
                 "other_extra_bytes": keys,
                 "other_extra_over_param_bytes": keys / param_bytes,
@@ -186,22 +201,27 @@ def _grasp_inputs(model_name: str, samples_per_class: int):
     return model, x, y
 
 
-def _grasp_call(which: str, model, x, y, chunk_size: int):
+def _grasp_call(which: str, model, x, y, chunk_size: int, keep_graphs: bool = False):
     from gradsift.pruning import score
     from gradsift.reference import reference_grasp
 
     if which == "ours":
         per_class = y.numel() // int(y.max() + 1)
         return lambda: score(
-            model, "grasp", [(x, y)], samples_per_class=per_class, chunk_size=chunk_size
+            model,
+            "grasp",
+            [(x, y)],
+            samples_per_class=per_class,
+            chunk_size=chunk_size,
+            keep_graphs=keep_graphs,
         )
     return lambda: reference_grasp(model, x, y)
 
 
-def _peak_job(which: str, model_name: str, samples_per_class: int, chunk_size: int, queue):
+def _peak_job(which: str, model_name: str, samples_per_class: int, chunk, keep, queue):
     """One GraSP scoring in a fresh process: report its peak RSS growth in bytes."""
     model, x, y = _grasp_inputs(model_name, samples_per_class)
-    run = _grasp_call(which, model, x, y, chunk_size)
+    run = _grasp_call(which, model, x, y, chunk, keep)
     before = _reset_peak_rss()
     run()
     queue.put(_peak_rss() - before)
@@ -214,45 +234,42 @@ def bench_score(model: str = "resnet20", samples_per_class: int = 25, repeats: i
     every configuration once (interleaved, so machine noise hits all alike); median.
     Memory: each configuration once in a fresh spawned process, as the growth of the
     kernel's peak-RSS mark (reset just before scoring, Linux ``clear_refs``).
-    Ours runs with its default chunk size (64) and with half the sample (as the
-    reference does).
+    Ours runs with its default chunk size (64), with half the sample (as the
+    reference does), and with ``keep_graphs=True`` (no recomputation, more memory).
+    Time ratios are medians of per-round ratios.
     """
     import multiprocessing as mp
 
     n = 10 * samples_per_class
-    configs = [("reference", n // 2), ("ours", 64), ("ours", (n + 1) // 2)]
+    configs = [("reference", n // 2, False), ("ours", 64, False), ("ours", (n + 1) // 2, False)]
+    configs.append(("ours", 64, True))
     net, x, y = _grasp_inputs(model, samples_per_class)
-    calls = {c: _grasp_call(c[0], net, x, y, c[1]) for c in configs}
-    times = {c: [] for c in configs}
-    for call in calls.values():
-        call()  # warm-up
-    for _ in range(repeats):
-        for c, call in calls.items():
-            start = time.perf_counter()
-            call()
-            times[c].append(time.perf_counter() - start)
+    cases = {c: (lambda: None, _grasp_call(c[0], net, x, y, c[1], c[2])) for c in configs}
+    times = interleaved_ms(cases, repeats)
     ctx = mp.get_context("spawn")
     peaks = {}
-    for which, chunk in configs:
+    for config in configs:
         queue = ctx.Queue()
-        proc = ctx.Process(target=_peak_job, args=(which, model, samples_per_class, chunk, queue))
+        proc = ctx.Process(
+            target=_peak_job, args=(config[0], model, samples_per_class, *config[1:], queue)
+        )
         proc.start()
-        peaks[(which, chunk)] = queue.get(timeout=600)
+        peaks[config] = queue.get(timeout=600)
         proc.join()
     ref = configs[0]
-    ref_s = statistics.median(times[ref])
     return [
         {
             "method": which,
             "model": model,
             "samples": n,
             "chunk_size": chunk,
-            "seconds": statistics.median(times[(which, chunk)]),
-            "peak_bytes": peaks[(which, chunk)],
-            "time_over_reference": statistics.median(times[(which, chunk)]) / ref_s,
-            "memory_over_reference": peaks[(which, chunk)] / peaks[ref],
+            "keep_graphs": keep,
+            "seconds": statistics.median(times[(which, chunk, keep)]) / 1e3,
+            "peak_bytes": peaks[(which, chunk, keep)],
+            "time_over_reference": _ratio(times[(which, chunk, keep)], times[ref]),
+            "memory_over_reference": peaks[(which, chunk, keep)] / peaks[ref],
         }
-        for which, chunk in configs
+        for which, chunk, keep in configs
     ]
 
 

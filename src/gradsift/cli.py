@@ -251,6 +251,7 @@ _BENCH_COLUMNS = {
         ("model", "model", "s"),
         ("samples", "samples", "d"),
         ("chunk_size", "chunk", "d"),
+        ("keep_graphs", "keep_graphs", ""),
         ("seconds", "seconds", ".2f"),
         ("peak_mib", "peak MiB", ".0f"),
         ("time_over_reference", "time/ref", ".2f"),

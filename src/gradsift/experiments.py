@@ -336,11 +336,12 @@ def speed(out: Path, *, quick: bool = False) -> dict:
         )
     if score_rows:
         md += "\n" + _table(
-            ["GraSP", "chunk", "seconds", "peak MiB", "time/ref", "memory/ref"],
+            ["GraSP", "chunk", "keep_graphs", "seconds", "peak MiB", "time/ref", "memory/ref"],
             [
                 [
                     r["method"],
                     r["chunk_size"],
+                    "yes" if r.get("keep_graphs") else "",
                     f"{r['seconds']:.2f}",
                     f"{r['peak_bytes'] / 2**20:.0f}",
                     f"{r['time_over_reference']:.2f}",
