@@ -24,7 +24,7 @@ from gradsift.distributed import TopKHookState, topk_hook
 from gradsift.io import atomic_write_json
 from gradsift.models import build_model
 from gradsift.pruning import sparsity_report
-from gradsift.runs import RunSpec, prune_for_run
+from gradsift.runs import RunSpec, prune_for_spec
 from gradsift.train import evaluate
 
 __all__ = ["train_ddp", "spawn", "free_port", "under_torchrun"]
@@ -65,16 +65,7 @@ def _train(spec: RunSpec, rank: int, world: int, out: str | None) -> dict | None
     torch.manual_seed(spec.seed)  # same initial model everywhere (DDP also broadcasts it)
     ds = load_dataset(spec.dataset, root=spec.data_root)
     model = build_model(spec.model, input_shape=ds.input_shape, num_classes=ds.num_classes)
-    if spec.method is not None:
-        prune_for_run(
-            model,
-            ds,
-            spec.method,
-            spec.sparsity,
-            iterations=spec.iterations,
-            seed=spec.seed,
-            shuffle=spec.shuffle,
-        )
+    prune_for_spec(model, ds, spec)
     ddp = DistributedDataParallel(model)
     state = None
     if cfg.density is not None or cfg.k is not None:

@@ -15,7 +15,7 @@ from gradsift.models import build_model
 from gradsift.pruning import prune_at_init, sparsity_report
 from gradsift.train import TrainConfig, train
 
-__all__ = ["RunSpec", "prune_for_run", "run_one", "run_sweep", "load_results"]
+__all__ = ["RunSpec", "prune_for_run", "prune_for_spec", "run_one", "run_sweep", "load_results"]
 
 log = logging.getLogger(__name__)
 
@@ -82,12 +82,9 @@ def prune_for_run(
     )
 
 
-def run_one(spec: RunSpec, *, progress: bool = False) -> dict:
-    """Build, prune (if ``spec.method``), train and evaluate; return a flat record."""
-    torch.manual_seed(spec.seed)
-    ds = load_dataset(spec.dataset, root=spec.data_root, seed=0)
-    model = build_model(spec.model, input_shape=ds.input_shape, num_classes=ds.num_classes)
-    start = time.perf_counter()
+def prune_for_spec(model: torch.nn.Module, ds, spec: RunSpec) -> None:
+    """``prune_for_run`` with ``spec``'s method, sparsity, iterations, seed and shuffle
+    (nothing when ``spec.method`` is None): the pruning of every training run."""
     if spec.method is not None:
         prune_for_run(
             model,
@@ -98,6 +95,15 @@ def run_one(spec: RunSpec, *, progress: bool = False) -> dict:
             seed=spec.seed,
             shuffle=spec.shuffle,
         )
+
+
+def run_one(spec: RunSpec, *, progress: bool = False) -> dict:
+    """Build, prune (if ``spec.method``), train and evaluate; return a flat record."""
+    torch.manual_seed(spec.seed)
+    ds = load_dataset(spec.dataset, root=spec.data_root, seed=0)
+    model = build_model(spec.model, input_shape=ds.input_shape, num_classes=ds.num_classes)
+    start = time.perf_counter()
+    prune_for_spec(model, ds, spec)
     prune_seconds = time.perf_counter() - start
     report = sparsity_report(model)
     cfg = TrainConfig(**{**asdict(spec.train), "seed": spec.seed})
