@@ -127,7 +127,11 @@ def bench_step(densities=(0.001, 0.01), repeats: int = 15, seed: int = 0):
         return ps
 
     def refill(ps):
-        return lambda: [p.grad.copy_(g) for p, g in zip(ps, grads)]  # in place: keeps views
+        def setup():
+            for p, g in zip(ps, grads):
+                p.grad.copy_(g)  # in place: keeps TopK's flat-buffer views
+
+        return setup
 
     n = sum(g.numel() for g in grads)
     param_bytes = sum(g.numel() * g.element_size() for g in grads)
@@ -241,8 +245,12 @@ def bench_score(model: str = "resnet20", samples_per_class: int = 25, repeats: i
     import multiprocessing as mp
 
     n = 10 * samples_per_class
-    configs = [("reference", n // 2, False), ("ours", 64, False), ("ours", (n + 1) // 2, False)]
-    configs.append(("ours", 64, True))
+    configs = [  # (method, chunk_size, keep_graphs)
+        ("reference", n // 2, False),
+        ("ours", 64, False),
+        ("ours", (n + 1) // 2, False),
+        ("ours", 64, True),
+    ]
     net, x, y = _grasp_inputs(model, samples_per_class)
     cases = {c: (lambda: None, _grasp_call(c[0], net, x, y, c[1], c[2])) for c in configs}
     times = interleaved_ms(cases, repeats)
