@@ -6,9 +6,9 @@ import pytest
 import torch
 from torch import nn
 
-import gradsift
 from gradsift import TopK, sparsify_grads_
-from gradsift.optim import resolve_k
+from gradsift.budget import resolve_k
+from gradsift.sparse_sgd import plain_sgd
 
 
 class Net(nn.Module):
@@ -83,19 +83,38 @@ def test_one_step_changes_exactly_top_k(k):
     torch.testing.assert_close(sparse, torch.where(mask, flat, 0.0), rtol=0, atol=0)
 
 
-def test_tied_weight_counted_once():
-    model = Net()
-    opt = TopK(torch.optim.SGD(model.parameters(), lr=0.1), density=1.0)
-    n = sum(p.numel() for p in trainable(model))
+def test_tied_weight_listed_twice_is_one_coordinate_set():
+    # the tied weight appears twice in the list the optimizer is built from, as when a
+    # user concatenates module parameter lists; TopK must hold and step it once
+    torch.manual_seed(0)
+    model, ref = Net(), Net()
+    ref.load_state_dict(model.state_dict())
+    listed = [model.emb.weight, model.hidden.weight, model.hidden.bias, model.out.weight]
+    assert listed[0] is listed[3]
+    with pytest.warns(UserWarning, match="duplicate parameters"):
+        inner = torch.optim.SGD(listed, lr=0.1)
+    opt = TopK(inner, density=1.0)
+    n = sum(p.numel() for p in listed[:3])
     assert sum(b.grad.numel() for b in opt._buckets) == n
-    assert model.emb.weight is model.out.weight
+    ref_opt = torch.optim.SGD(listed_of(ref), lr=0.1)
+    for step in range(3):
+        for m, o in ((model, opt), (ref, ref_opt)):
+            o.zero_grad()
+            loss_of(m, step).backward()
+            o.step()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, rtol=0, atol=1e-15)
+
+
+def listed_of(model):
+    return [model.emb.weight, model.hidden.weight, model.hidden.bias]
 
 
 def test_tensor_scope_selects_within_each_tensor():
     model = Net()
     k = 3
     opt = TopK(
-        torch.optim.SGD(model.parameters(), lr=1.0), k=k, error_feedback=False, scope="tensor"
+        torch.optim.SGD(model.parameters(), lr=1.0), k=k, error_feedback=False, scope="layer"
     )
     loss_of(model, 2).backward()
     grads = {id(p): p.grad.clone() for p in trainable(model)}
@@ -344,7 +363,7 @@ def test_closure_is_called():
         ({"density": 0.0}, ValueError, r"density must be in \(0, 1\]"),
         ({"density": 1.5}, ValueError, r"density must be in \(0, 1\]"),
         ({"density": "0.1"}, TypeError, "density must be a float"),
-        ({"k": 5, "scope": "layer"}, ValueError, "scope must be one of"),
+        ({"k": 5, "scope": "layers"}, ValueError, "scope must be one of"),
     ],
 )
 def test_bad_arguments(kwargs, error, match):
@@ -358,15 +377,11 @@ def test_wraps_only_optimizers():
         TopK([nn.Parameter(torch.ones(2))], k=1)
 
 
-def test_resolve_k():
-    assert resolve_k(1000, density=0.001) == 1
-    assert resolve_k(1000, density=0.0001) == 1
-    assert resolve_k(1000, k=5000) == 1000
-    assert resolve_k(1000, density=0.25) == 250
-
-
-def test_public_api():
-    assert gradsift.TopK is TopK and gradsift.sparsify_grads_ is sparsify_grads_
+def test_old_scope_name_still_works_with_a_warning():
+    model = Net()
+    with pytest.warns(DeprecationWarning, match='scope="tensor" is deprecated'):
+        opt = TopK(torch.optim.SGD(model.parameters(), lr=0.1), k=3, scope="tensor")
+    assert opt.scope == "layer"
 
 
 def test_zero_grad_after_fused_step_zeroes_everything():
@@ -399,8 +414,8 @@ def test_plain_sgd_fast_path_equals_inner_step():
     inner = torch.optim.SGD(b, lr=0.3)
     inner.register_step_pre_hook(lambda *args: None)  # a hook disables the fast path
     opt_b = TopK(inner, density=0.01)
-    assert gradsift.optim.plain_sgd(opt_a.optimizer)
-    assert not gradsift.optim.plain_sgd(opt_b.optimizer)
+    assert plain_sgd(opt_a.optimizer)
+    assert not plain_sgd(opt_b.optimizer)
     for step in range(3):
         gen = torch.Generator().manual_seed(step)
         for p, q in zip(a, b):

@@ -1,20 +1,23 @@
 """gradsift: gradient-signal sparsity for PyTorch.
 
 Global top-k sparse updates with error feedback, and pruning at initialization
-(SNIP, GraSP, SynFlow) installed through ``torch.nn.utils.prune``.
+(SNIP, GraSP, SynFlow) installed through ``torch.nn.utils.prune``. This package is
+the library; ``gradsift.lab`` is the command line and experiment harness built on it.
 """
 
-from gradsift.optim import TopK, sparsify_grads_
+from gradsift.optim import TopK
 from gradsift.pruning import (
     apply_masks_,
     list_methods,
     masks_from_scores,
     prune_at_init,
+    register_method,
     score,
     shuffle_masks,
     sparsity_report,
 )
-from gradsift.select import topk_indices
+from gradsift.sparsify import sparsify_grads_
+from gradsift.topk import topk_indices
 
 __version__ = "0.1.0"
 
@@ -25,6 +28,7 @@ __all__ = [
     "list_methods",
     "masks_from_scores",
     "prune_at_init",
+    "register_method",
     "score",
     "shuffle_masks",
     "sparsify_grads_",

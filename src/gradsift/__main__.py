@@ -2,6 +2,6 @@
 
 import sys
 
-from gradsift.cli import main
+from gradsift.lab.cli import main
 
 sys.exit(main())

@@ -1,18 +1,32 @@
-"""Pruning at initialization: scores, masks, installation, reports."""
+"""Pruning at initialization: criteria (a registry, one file each), masks,
+installation through ``torch.nn.utils.prune``, reports."""
 
+from gradsift.pruning import methods  # noqa: F401  (registers the built-in criteria)
 from gradsift.pruning.at_init import prune_at_init
 from gradsift.pruning.masks import apply_masks_, masks_from_scores, shuffle_masks
+from gradsift.pruning.registry import (
+    get_method,
+    list_methods,
+    method_options,
+    register_method,
+    score,
+    supported_options,
+)
 from gradsift.pruning.report import SparsityReport, sparsity_report
-from gradsift.pruning.scores import class_balanced_sample, list_methods, score
+from gradsift.pruning.sampling import class_balanced_sample
 
 __all__ = [
     "SparsityReport",
     "apply_masks_",
     "class_balanced_sample",
+    "get_method",
     "list_methods",
     "masks_from_scores",
+    "method_options",
     "prune_at_init",
+    "register_method",
     "score",
     "shuffle_masks",
     "sparsity_report",
+    "supported_options",
 ]

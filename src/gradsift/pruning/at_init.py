@@ -12,9 +12,10 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from gradsift.checks import check_choice, check_int
 from gradsift.pruning.masks import apply_masks_, check_sparsity, masks_from_scores, shuffle_masks
 from gradsift.pruning.params import Selector
-from gradsift.pruning.scores import score, synflow_rescorer
+from gradsift.pruning.registry import checked_options, get_method, score
 
 __all__ = ["prune_at_init", "round_sparsities"]
 
@@ -23,10 +24,8 @@ _SCHEDULES = ("exponential", "linear")
 
 def round_sparsities(sparsity: float, iterations: int, schedule: str) -> list[float]:
     """Target sparsity after each round; the last is exactly ``sparsity``."""
-    if schedule not in _SCHEDULES:
-        raise ValueError(f"schedule must be one of {_SCHEDULES}, got {schedule!r}")
-    if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
-        raise ValueError(f"iterations must be a positive int, got {iterations!r}")
+    check_choice("schedule", schedule, _SCHEDULES)
+    iterations = check_int("iterations", iterations, minimum=1)
     density = 1.0 - sparsity
     out = []
     for i in range(1, iterations + 1):
@@ -76,10 +75,10 @@ def prune_at_init(
     """
     check_sparsity(sparsity)
     targets = round_sparsities(sparsity, iterations, schedule)
-    if method == "synflow" and len(targets) > 1:
-        rescore = synflow_rescorer(model, data, params=params, **options)
-    else:
-        rescore = None
+    entry = get_method(method)
+    rescore = None
+    if entry.rescorer is not None and len(targets) > 1:  # cheap rounds when it has them
+        rescore = entry.rescorer(model, data, params=params, **checked_options(method, options))
     masks, workspace = None, {}
     for target in targets:
         if rescore is not None:

@@ -20,19 +20,16 @@ import torch
 from torch import nn
 from torch.nn.utils import prune
 
+from gradsift.budget import check_scope
+from gradsift.checks import check_float, check_int, has_nan
 from gradsift.pruning.params import mask_of, prunable
-from gradsift.select import topk_indices, topk_mask
+from gradsift.topk import topk_indices, topk_mask
 
 __all__ = ["masks_from_scores", "apply_masks_", "shuffle_masks", "check_sparsity"]
 
-_SCOPES = ("global", "layer")
 
-
-def check_sparsity(sparsity: float) -> None:
-    if isinstance(sparsity, bool) or not isinstance(sparsity, (int, float)):
-        raise TypeError(f"sparsity must be a float, got {type(sparsity).__name__}")
-    if not 0.0 <= sparsity < 1.0:
-        raise ValueError(f"sparsity must be in [0, 1), got {sparsity}")
+def check_sparsity(sparsity: float) -> float:
+    return check_float("sparsity", sparsity, "[0, 1)")
 
 
 def masks_from_scores(
@@ -58,13 +55,11 @@ def masks_from_scores(
             score buffer: a fresh buffer of hundreds of MB page-faults on every call.
     """
     check_sparsity(sparsity)
-    if scope not in _SCOPES:
-        raise ValueError(f"scope must be one of {_SCOPES}, got {scope!r}")
-    if min_per_layer < 0:
-        raise ValueError(f"min_per_layer must be >= 0, got {min_per_layer}")
+    scope = check_scope(scope)
+    min_per_layer = check_int("min_per_layer", min_per_layer, minimum=0)
     names = list(scores)
-    for n in names:  # a sum is NaN if any term is (or from inf - inf: then look closer)
-        if torch.isnan(scores[n].sum()) and torch.isnan(scores[n]).any():
+    for n in names:
+        if has_nan(scores[n]):
             raise ValueError(f"scores[{n!r}] contains NaN; cannot rank it")
     keys = {n: _alive_keys(scores[n], None if previous is None else previous.get(n)) for n in names}
     if scope == "layer":

@@ -6,12 +6,24 @@ Names are logical: a weight pruned through ``torch.nn.utils.prune`` (stored as
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 
 import torch
 from torch import nn
 
-__all__ = ["prunable", "Selector"]
+__all__ = [
+    "Selector",
+    "deepcopy_model",
+    "device_of",
+    "effective",
+    "leaves",
+    "mask_of",
+    "original",
+    "param_path",
+    "private_copy",
+    "prunable",
+]
 
 # (name, module, parameter) -> bool
 Selector = None | list | tuple | set | Callable[[str, nn.Module, torch.Tensor], bool]
@@ -68,3 +80,57 @@ def effective(module: nn.Module, attr: str) -> torch.Tensor:
     mask = mask_of(module, attr)
     w = original(module, attr)
     return w if mask is None else w * mask
+
+
+def device_of(model: nn.Module) -> torch.device:
+    p = next(model.parameters(), None)
+    return p.device if p is not None else torch.device("cpu")
+
+
+def param_path(model: nn.Module, module: nn.Module, attr: str) -> str:
+    """The ``named_parameters`` name of the tensor behind ``module.attr`` in ``model``
+    (``..._orig`` when pruned), for ``torch.func.functional_call``."""
+    for name, m in model.named_modules():
+        if m is module:
+            real = attr + "_orig" if hasattr(m, attr + "_orig") else attr
+            return f"{name}.{real}" if name else real
+    raise ValueError(f"module {type(module).__name__} is not part of the model")
+
+
+def deepcopy_model(model: nn.Module) -> nn.Module:
+    """``copy.deepcopy`` that also works on models pruned by ``torch.nn.utils.prune``.
+
+    Pruning leaves ``module.weight = weight_orig * weight_mask`` as a non-leaf tensor
+    after a forward pass, which ``deepcopy`` refuses. Those attributes are recomputed
+    by the pruning pre-hook at every forward, so they are swapped for detached values
+    during the copy and put back afterwards.
+    """
+    swapped = []
+    for module in model.modules():
+        for attr, value in list(vars(module).items()):
+            if isinstance(value, torch.Tensor) and not value.is_leaf:
+                swapped.append((module, attr, value))
+                setattr(module, attr, value.detach())
+    try:
+        return copy.deepcopy(model)
+    finally:
+        for module, attr, value in swapped:
+            setattr(module, attr, value)
+
+
+def private_copy(model: nn.Module, params: Selector = None):
+    """A deep copy to score on (no grads, nothing requiring grad) and its targets
+    ``{name: (module, attr)}``; scoring it leaves the caller's model untouched."""
+    work = deepcopy_model(model)
+    for p in work.parameters():
+        p.requires_grad_(False)
+        p.grad = None
+    return work, prunable(work, params)
+
+
+def leaves(targets: dict) -> list[torch.Tensor]:
+    """The trainable tensors behind ``targets``, switched to ``requires_grad``."""
+    out = [original(m, a) for m, a in targets.values()]
+    for t in out:
+        t.requires_grad_(True)
+    return out

@@ -1,0 +1,128 @@
+"""Exact selection for ``gradsift.topk``: the dense path, the exact stage over
+candidates, and the k-th largest key by a sample bracket (private helpers)."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+from gradsift.checks import has_nan, nan_count
+
+DENSE_BELOW = 1 << 16  # below this size a plain torch.topk is as fast as anything
+SAMPLE = 16384  # random keys used to estimate a threshold or bracket
+CHUNK = 1 << 20  # elements per chunk: 4 MiB of float32 stays in cache
+_SEED = 0x5EED
+
+
+class NaNError(Exception):
+    """Raised by the candidate filters on a NaN key; turned into ``ValueError``."""
+
+
+def raise_nan(x: torch.Tensor) -> None:
+    raise ValueError(f"x contains {nan_count(x)} NaN entries; top-k of NaN is undefined")
+
+
+def key(x: torch.Tensor, absolute: bool) -> torch.Tensor:
+    return x.abs() if absolute else x
+
+
+@functools.lru_cache(maxsize=16)
+def sample_positions(n: int, device: torch.device) -> torch.Tensor:
+    """``SAMPLE`` fixed-seed random positions in ``range(n)``, drawn once per ``n``.
+
+    The optimizer samples the same-sized vector every step: drawing the positions
+    again each time costs more than gathering them. Read-only (shared between calls).
+    """
+    gen = torch.Generator().manual_seed(_SEED)
+    return torch.randint(0, n, (SAMPLE,), generator=gen).to(device)
+
+
+def exact(keys: torch.Tensor, idx: torch.Tensor | None, k: int) -> torch.Tensor:
+    """Exact top-k of ``keys`` (no NaN) in ascending position order, lowest-index ties.
+
+    ``idx`` maps positions in ``keys`` to indices of the original tensor (None means
+    identity). Works on any device without a host sync.
+    """
+    m = keys.numel()
+    if keys.device.type == "cpu" and m >= DENSE_BELOW:
+        # many candidates (large k): bracket the k-th value from a sample instead of
+        # a topk over all of them; same selection, lowest-index ties
+        pos = torch.nonzero(top_mask(keys, k)).squeeze(1)
+        return pos if idx is None else torch.index_select(idx, 0, pos)
+    if 2 * k > m:  # the k-th largest is the (m - k + 1)-th smallest: a smaller topk
+        kth = torch.topk(keys, m - k + 1, largest=False, sorted=False).values.max()
+    else:
+        kth = torch.topk(keys, k, sorted=False).values.min()
+    above = keys > kth
+    tied = keys == kth
+    need = k - torch.count_nonzero(above)
+    chosen = above | (tied & (tied.cumsum(0) <= need))
+    pos = torch.nonzero_static(chosen, size=k).squeeze(1)
+    return pos if idx is None else idx[pos]
+
+
+def top_mask(key: torch.Tensor, k: int) -> torch.Tensor:
+    """Boolean mask of the top ``k`` of ``key`` (no NaN), lowest-index ties."""
+    v = kth_largest(key, k)
+    at_least = key >= v
+    if int(torch.count_nonzero(at_least)) == k:  # no surplus ties at v: the usual case
+        return at_least
+    # surplus ties at v: keep the lowest-index ones (a cumsum over N would be slower)
+    chosen = key > v
+    need = k - int(torch.count_nonzero(chosen))
+    chosen[torch.nonzero(key == v).squeeze(1)[:need]] = True
+    return chosen
+
+
+def kth_largest(key: torch.Tensor, k: int) -> torch.Tensor:
+    """The k-th largest value of ``key`` (no NaN), exactly.
+
+    Brackets it between two quantiles of a fixed sample (four standard deviations
+    either side of the expected rank), then selects inside the bracket; if the
+    bracket misses, a full ``kthvalue`` decides. The sample affects speed only.
+    """
+    n = key.numel()
+    if n < DENSE_BELOW:
+        return kth_full(key, k)
+    lo, hi = _bracket(key, k)
+    above_hi, inside = 0, []
+    for start in range(0, n, CHUNK):  # chunks keep the boolean temporaries in cache
+        c = key[start : start + CHUNK]
+        # count_nonzero: .sum() of a bool tensor first copies it to int64
+        above_hi += int(torch.count_nonzero(c > hi))
+        inside.append(c[torch.ge(c, lo).logical_and_(c <= hi)])
+    inside = torch.cat(inside)
+    if above_hi < k <= above_hi + inside.numel():
+        # the k-th largest overall is the (k - above_hi)-th largest in the bracket
+        return kth_full(inside, k - above_hi)
+    return kth_full(key, k)  # the sample's bracket missed: select over everything
+
+
+def kth_full(key: torch.Tensor, k: int) -> torch.Tensor:
+    """The k-th largest of ``key`` by one ``kthvalue`` over all of it."""
+    return torch.kthvalue(key, key.numel() - k + 1).values
+
+
+def _bracket(key: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample quantiles ``lo <= hi`` expected to hold the k-th largest of ``key``."""
+    n = key.numel()
+    sample = torch.index_select(key, 0, sample_positions(n, key.device))
+    sample = torch.sort(sample, descending=True).values
+    expected = k * SAMPLE / n  # sample values expected above the k-th largest
+    margin = 4.0 * math.sqrt(expected * (1.0 - k / n)) + 2.0
+    top, bottom = math.floor(expected - margin), math.ceil(expected + margin)
+    hi = sample[top - 1] if top >= 1 else torch.tensor(math.inf, dtype=key.dtype)
+    lo = sample[bottom] if bottom < SAMPLE else torch.tensor(-math.inf, dtype=key.dtype)
+    if lo == -math.inf and k <= int(torch.count_nonzero(key > -math.inf)):
+        # -inf marks dead entries (pruned weights): keep them out of the bracket
+        lo = torch.nextafter(torch.tensor(-math.inf, dtype=key.dtype), lo.new_tensor(0.0))
+    return lo, hi
+
+
+def dense(x: torch.Tensor, k: int, absolute: bool) -> torch.Tensor:
+    """Exact top-k of the whole of ``x`` (raises on NaN)."""
+    if has_nan(x):
+        raise_nan(x)
+    return exact(key(x, absolute), None, k)

@@ -1,0 +1,189 @@
+"""The sampled-threshold path of ``gradsift.topk``: block keys, thresholds from a
+fixed sample, and the compaction of the candidates at or above them (private).
+
+The sampling-threshold idea follows Shi et al., "Understanding Top-k Sparsification
+in Distributed Deep Learning" (2019, arXiv:1911.08772) and DGC (Lin et al. 2018,
+arXiv:1712.01887); the block filter and the exact tie rule are ours.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from gradsift._topk_exact import (
+    CHUNK,
+    SAMPLE,
+    NaNError,
+    dense,
+    exact,
+    key,
+    raise_nan,
+    sample_positions,
+)
+from gradsift.checks import has_nan
+
+_SHIFT = 5
+BLOCK = 1 << _SHIFT  # 32 elements per block: two cache lines of float32; amax vectorises
+_RETRIES = 3
+
+_BITS = {
+    torch.float16: (torch.int16, 0x7FFF),
+    torch.bfloat16: (torch.int16, 0x7FFF),
+    torch.float32: (torch.int32, 0x7FFFFFFF),
+    torch.float64: (torch.int64, 0x7FFFFFFFFFFFFFFF),
+}
+
+
+def block_key_dtype(dtype: torch.dtype, absolute: bool = True) -> torch.dtype:
+    """The dtype of ``block_keys`` for an input of ``dtype``."""
+    return _BITS[dtype][0] if absolute else dtype
+
+
+def block_keys(x, *, absolute: bool = True, out=None, scratch=None) -> torch.Tensor:
+    """The largest key of each block of ``BLOCK`` consecutive elements of ``x``.
+
+    Covers the first ``x.numel() // BLOCK * BLOCK`` elements. With ``absolute`` the
+    keys are the IEEE bit patterns of ``|x|`` as integers (the sign bit cleared):
+    for non-negative floats, integer order is float order, one ``bitwise_and`` is
+    cheaper than ``amax`` and ``amin``, and NaN (whose bits exceed inf's) becomes the
+    largest key, so a block holding NaN is always gathered and seen.
+    ``out`` (``block_key_dtype``, ``x.numel() // BLOCK`` long) and ``scratch`` (the
+    integer dtype, at least ``min(x.numel(), CHUNK)`` long) avoid allocations: fresh
+    multi-MB buffers page-fault on every call, which costs more than the work here.
+    """
+    nblocks = x.numel() // BLOCK
+    if out is None:
+        out = torch.empty(nblocks, dtype=block_key_dtype(x.dtype, absolute), device=x.device)
+    body = x[: nblocks * BLOCK]
+    if absolute:
+        int_dtype, mask = _BITS[x.dtype]
+        if scratch is None:
+            scratch = torch.empty(min(CHUNK, body.numel()), dtype=int_dtype, device=x.device)
+    for s in range(0, body.numel(), CHUNK):  # one chunk at a time: the bits stay in cache
+        part = body[s : s + CHUNK]
+        if absolute:
+            part = torch.bitwise_and(part.view(int_dtype), mask, out=scratch[: part.numel()])
+        torch.amax(part.view(-1, BLOCK), 1, out=out[s // BLOCK : (s + part.numel()) // BLOCK])
+    return out
+
+
+def thresholds(values: torch.Tensor, k: int, absolute: bool = False):
+    """Yield decreasing quantiles of ``|values|`` (or ``values``), the first expected
+    to have more than ``k`` keys above it.
+
+    Each is the r-th largest of a fixed-seed random sample, with r four standard
+    deviations above the expected count of sample values above the true k-th value,
+    so the first threshold falls short of ``k`` with probability ~3e-5; then r grows 4x.
+    """
+    n = values.numel()
+    sample = key(torch.index_select(values, 0, sample_positions(n, values.device)), absolute)
+    if sample.is_floating_point():
+        sample = sample.float()  # exact upcast: float() of it is a value of the dtype
+    expected = k * SAMPLE / n
+    rank = expected + 4.0 * math.sqrt(expected) + 2.0
+    for _ in range(_RETRIES):
+        r = min(int(math.ceil(rank)), SAMPLE)
+        yield torch.topk(sample, r, sorted=False).values.min().item()
+        if r == SAMPLE:
+            return
+        rank *= 4.0
+
+
+def _as_float(t, keys: torch.Tensor, dtype: torch.dtype) -> float:
+    """A block-key threshold as the float it encodes (integer keys are bit patterns)."""
+    if keys.is_floating_point():
+        return t
+    return float(torch.tensor(t, dtype=keys.dtype).view(dtype))
+
+
+def nonzero_1d(mask: torch.Tensor) -> torch.Tensor:
+    """``torch.nonzero(mask)`` for a sparse 1-D bool mask, scanning 8x fewer elements.
+
+    The mask is read as int64 words of 8 flags: only the non-zero words are expanded.
+    With ~1% of flags set, about 1 word in 10 is non-zero, so the two ``nonzero``
+    calls cover ~N/8 + N/10 elements instead of N (``nonzero`` dominates the cost).
+    """
+    n = mask.numel()
+    if n < 4096 or n % 8 or mask.device.type != "cpu":
+        return torch.nonzero(mask).squeeze(1)
+    packed = mask.view(torch.int64)
+    words = torch.nonzero(packed).squeeze(1)
+    # index_select: much faster than advanced indexing for gathers on CPU
+    flags = torch.nonzero(torch.index_select(packed, 0, words).view(torch.bool)).squeeze(1)
+    return (torch.index_select(words, 0, flags >> 3) << 3) | (flags & 7)
+
+
+def _at_least(keys: torch.Tensor, t: float, mask: torch.Tensor | None = None):
+    """Positions and values of ``keys >= t``; raises ``NaNError`` on a NaN key."""
+    # ``~(keys < t)`` also admits NaN, which is then caught on the few survivors
+    # instead of by a separate pass over every key
+    mask = torch.lt(keys, t, out=None if mask is None else mask[: keys.numel()])
+    pos = nonzero_1d(mask.logical_not_())
+    vals = torch.index_select(keys, 0, pos)
+    if has_nan(vals):
+        raise NaNError
+    return pos, vals
+
+
+def _from_blocks(x: torch.Tensor, keys: torch.Tensor, tk, absolute: bool):
+    """Indices (ascending) and keys of every ``key >= t`` (``tk``: t as a block key).
+
+    Reads only the blocks whose largest key is ``>= tk``.
+    """
+    nbody = keys.numel() * BLOCK
+    rows = x[:nbody].view(-1, BLOCK)
+    t = _as_float(tk, keys, x.dtype)
+    # ``~(m < tk)``: with float keys a NaN block (whose key is NaN) is gathered too
+    blocks = torch.nonzero(torch.lt(keys, tk).logical_not_()).squeeze(1)
+    pos, vals = _at_least(key(torch.index_select(rows, 0, blocks), absolute).flatten(), t)
+    tail_pos, tail_vals = _at_least(key(x[nbody:], absolute), t)
+    idx = (blocks[pos >> _SHIFT] << _SHIFT) | (pos & (BLOCK - 1))
+    return torch.cat([idx, tail_pos + nbody]), torch.cat([vals, tail_vals])
+
+
+def _direct(x: torch.Tensor, t: float, absolute: bool):
+    """Indices (ascending) and keys of every ``key >= t``, chunk by chunk.
+
+    Two chunk-sized buffers, reused across chunks, hold the keys and the mask: no
+    N-sized allocation, and none that the allocator would hand back to the OS and
+    page-fault in again on every chunk.
+    """
+    size = min(CHUNK, x.numel())
+    key_buf = torch.empty(size, dtype=x.dtype, device=x.device) if absolute else None
+    mask_buf = torch.empty(size, dtype=torch.bool, device=x.device)
+    idx, vals = [], []
+    for start in range(0, x.numel(), CHUNK):
+        chunk = x[start : start + CHUNK]
+        keys = torch.abs(chunk, out=key_buf[: chunk.numel()]) if absolute else chunk
+        pos, v = _at_least(keys, t, mask_buf)
+        idx.append(pos + start)
+        vals.append(v)
+    return torch.cat(idx), torch.cat(vals)
+
+
+def sampled(x: torch.Tensor, k: int, absolute: bool, keys=None) -> torch.Tensor:
+    """Sampled threshold, then candidates, then exact; dense if every threshold fails.
+
+    With few winners (``4k <= N / BLOCK``) the threshold is sampled from the block keys:
+    if at least ``k`` blocks have a key ``>= t``, at least ``k`` elements are ``>= t``
+    (each such block holds one), and only about ``k`` blocks are read. Otherwise most
+    blocks hold a winner, and a threshold sampled from ``x`` filters it directly.
+    """
+    try:
+        if 4 * k <= x.numel() // BLOCK:
+            if keys is None:
+                keys = block_keys(x, absolute=absolute)
+            for tk in thresholds(keys, k):
+                idx, vals = _from_blocks(x, keys, tk, absolute)
+                if idx.numel() >= k:
+                    return exact(vals, idx, k)
+        else:
+            for t in thresholds(x, k, absolute):
+                idx, vals = _direct(x, t, absolute)
+                if idx.numel() >= k:
+                    return exact(vals, idx, k)
+    except NaNError:
+        raise_nan(x)
+    return dense(x, k, absolute)

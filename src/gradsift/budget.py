@@ -1,0 +1,81 @@
+"""How many coordinates to keep: "k or density", validated once, resolved per size.
+
+``Budget(k=1000)`` keeps ``min(k, n)`` of ``n`` coordinates; ``Budget(density=0.01)``
+keeps ``round(density * n)``, at least one. The optimizer, ``sparsify_grads_`` and
+the DDP hook all take their budget through this one type.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+from gradsift.checks import check_choice, check_float, check_int
+
+__all__ = ["Budget", "HasBudget", "SCOPES", "check_scope", "resolve_k"]
+
+SCOPES = ("global", "layer")  # one selection over all tensors, or one per tensor
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Exactly one of ``k`` (a positive int) and ``density`` (in (0, 1])."""
+
+    k: int | None = None
+    density: float | None = None
+
+    def __post_init__(self) -> None:
+        if (self.k is None) == (self.density is None):
+            raise ValueError(
+                "give exactly one of k= (coordinates kept) or density= (fraction kept)"
+            )
+        if self.k is not None:
+            object.__setattr__(self, "k", check_int("k", self.k, minimum=1))
+        else:
+            object.__setattr__(self, "density", check_float("density", self.density, "(0, 1]"))
+
+    def resolve(self, n: int) -> int:
+        """Coordinates kept out of ``n``: ``min(k, n)``, or ``round(density * n)`` (>= 1)."""
+        if self.k is not None:
+            return min(self.k, n)
+        return min(n, max(1, round(self.density * n)))
+
+    def full(self, n: int) -> bool:
+        """Whether every one of ``n`` coordinates is kept (the step is dense)."""
+        return self.resolve(n) == n
+
+    def __str__(self) -> str:
+        return f"k={self.k}" if self.k is not None else f"density={self.density}"
+
+
+class HasBudget:
+    """``k`` and ``density`` read-only from ``self.budget``, for classes that keep one."""
+
+    __slots__ = ()
+
+    @property
+    def k(self) -> int | None:
+        return self.budget.k
+
+    @property
+    def density(self) -> float | None:
+        return self.budget.density
+
+
+def resolve_k(n: int, *, k: int | None = None, density: float | None = None) -> int:
+    """``Budget(k=k, density=density).resolve(n)``."""
+    return Budget(k=k, density=density).resolve(n)
+
+
+def check_scope(scope: str) -> str:
+    """Where a budget applies: ``"global"`` or ``"layer"``. The old optimizer name
+    ``"tensor"`` still means ``"layer"`` (each tensor alone), with a warning."""
+    if scope == "tensor":
+        warnings.warn(
+            'scope="tensor" is deprecated; use scope="layer" (each tensor selects alone)',
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        return "layer"
+    check_choice("scope", scope, SCOPES)
+    return scope

@@ -1,0 +1,16 @@
+"""Benchmarks as ratios measured in one run: ours vs baselines on the same inputs.
+
+Each is ``(function, columns)`` by name, for ``gradsift bench NAME`` and the speed
+study alike. Ratios are what to read; absolute times depend on the machine.
+"""
+
+from gradsift.lab.bench import ddp_step, scoring, selection, step
+
+BENCHES = {
+    "select": (selection.bench_select, selection.COLUMNS),
+    "step": (step.bench_step, step.COLUMNS),
+    "score": (scoring.bench_score, scoring.COLUMNS),
+    "ddp": (ddp_step.bench_ddp, ddp_step.COLUMNS),
+}
+
+__all__ = ["BENCHES"]

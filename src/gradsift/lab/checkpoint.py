@@ -1,0 +1,86 @@
+"""Checkpoint and resume of a training run: model, optimizer (with TopK's residuals),
+LR schedule, DDP hook state, RNG and data-order state, history.
+
+One file, ``DIR/checkpoint.pt``, written atomically by rank 0 after every epoch. Each
+rank's own state (its hook residuals, its RNG, its loader's shuffle generator) is
+gathered into it, so the file is always one consistent snapshot of every rank, and a
+resumed run continues bit for bit on CPU.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from gradsift.lab.atomic import atomic_write_bytes
+
+__all__ = ["save", "restore", "FILENAME"]
+
+log = logging.getLogger(__name__)
+
+FILENAME = "checkpoint.pt"
+
+
+def _rank_state(setup) -> dict:
+    gen = getattr(setup.data, "generator", None)
+    return {
+        "rng": torch.get_rng_state(),
+        "loader": None if gen is None else gen.get_state(),
+        "hook": None if setup.hook_state is None else setup.hook_state.state_dict(),
+    }
+
+
+def save(directory, setup, epoch: int, history: list, seconds: float) -> None:
+    """Write the checkpoint after ``epoch`` epochs (a collective when ``world > 1``)."""
+    ranks = [_rank_state(setup)]
+    if setup.world > 1:
+        ranks = [None] * setup.world if setup.rank == 0 else None
+        dist.gather_object(_rank_state(setup), ranks, dst=0)
+    if setup.rank != 0:
+        return
+    payload = {
+        "epoch": epoch,
+        "world": setup.world,
+        "model": setup.model.state_dict(),
+        "optimizer": setup.optimizer.state_dict(),
+        "scheduler": None if setup.scheduler is None else setup.scheduler.state_dict(),
+        "history": history,
+        "seconds": seconds,
+        "ranks": ranks,
+    }
+    buf = io.BytesIO()
+    torch.save(payload, buf)
+    atomic_write_bytes(Path(directory) / FILENAME, buf.getvalue())
+    log.info("checkpoint after epoch %d in %s", epoch, directory)
+
+
+def restore(directory, setup) -> dict | None:
+    """Load the checkpoint into ``setup`` if there is one; return its payload."""
+    path = Path(directory) / FILENAME
+    if not path.exists():
+        return None
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - any unreadable file gets the same message
+        raise ValueError(f"cannot read checkpoint {path}: {exc}") from None
+    if payload["world"] != setup.world:
+        raise ValueError(
+            f"checkpoint {path} was written by {payload['world']} processes, "
+            f"this run has {setup.world}"
+        )
+    setup.model.load_state_dict(payload["model"])
+    setup.optimizer.load_state_dict(payload["optimizer"])
+    if setup.scheduler is not None:
+        setup.scheduler.load_state_dict(payload["scheduler"])
+    own = payload["ranks"][setup.rank]
+    torch.set_rng_state(own["rng"])
+    if own["loader"] is not None:
+        setup.data.generator.set_state(own["loader"])
+    if setup.hook_state is not None:
+        setup.hook_state.load_state_dict(own["hook"])
+    log.info("resumed after epoch %d from %s", payload["epoch"], path)
+    return payload

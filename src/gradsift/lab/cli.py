@@ -1,0 +1,206 @@
+"""The ``gradsift`` command line: demo, prune, train, sweep, experiment, bench.
+
+Bad arguments and bad input exit with code 2 and one line on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from gradsift.checks import check_float
+from gradsift.lab import commands
+
+__all__ = ["main", "build_parser"]
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line error (exit code 2) instead of usage + message."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _checked(check, *args):
+    """An argparse ``type`` from a library check: its ValueError is argparse's error."""
+
+    def parse(text: str):
+        try:
+            return check(*args, text)
+        except (ValueError, TypeError) as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parse
+
+
+def _number(name: str, interval: str):
+    def check(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise ValueError(f"{name} must be a number, got {text!r}") from None
+        return check_float(name, value, interval)
+
+    return _checked(check)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def _list_of(parse):
+    def parse_list(text: str):
+        return [parse(t) for t in text.split(",") if t.strip()]
+
+    return parse_list
+
+
+_sparsity = _number("sparsity", "[0, 1)")
+_density = _number("density", "(0, 1]")
+
+
+def _add_common(p: argparse.ArgumentParser, *, method_required: bool = False) -> None:
+    from gradsift import list_methods
+    from gradsift.lab.data import list_datasets
+    from gradsift.lab.models import list_models
+
+    p.add_argument("--model", default="lenet5", choices=list_models())
+    p.add_argument("--dataset", default="digits", choices=list_datasets())
+    p.add_argument("--data-root", help="folder holding cifar-10-batches-py/ etc.")
+    p.add_argument(
+        "--method",
+        required=method_required,
+        choices=list_methods(),
+        help="pruning-at-init method (default: no pruning)",
+    )
+    p.add_argument("--sparsity", type=_sparsity, default=0.9, help="fraction pruned")
+    p.add_argument(
+        "--iterations",
+        type=_positive_int,
+        default=1,
+        help="prune in this many rounds (SynFlow uses 100)",
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--out", help="output folder")
+
+
+def _add_training(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--epochs", type=_positive_int, default=10)
+    p.add_argument("--batch-size", type=_positive_int, default=64)
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument(
+        "--density",
+        type=_density,
+        default=None,
+        help="gradient density for top-k updates (default: dense)",
+    )
+    p.add_argument(
+        "--no-error-feedback",
+        dest="error_feedback",
+        action="store_false",
+        help="drop unselected gradient mass instead of keeping it",
+    )
+
+
+def _demo_parser(sub) -> None:
+    d = sub.add_parser("demo", help="the main job: prune + top-k train on digits")
+    d.add_argument("--out", default="gradsift-demo", help="output folder")
+    d.add_argument("--sparsity", type=_sparsity, default=0.9)
+    d.add_argument("--density", type=_density, default=0.01)
+    d.add_argument("--epochs", type=_positive_int, default=20)
+    d.add_argument("--seed", type=int, default=0)
+    d.set_defaults(func=commands.demo)
+
+
+def _train_parsers(sub) -> None:
+    p = sub.add_parser("prune", help="prune a model at init and report per-layer density")
+    _add_common(p, method_required=True)
+    p.set_defaults(func=commands.prune)
+
+    t = sub.add_parser("train", help="(prune and) train one model")
+    _add_common(t)
+    _add_training(t)
+    t.add_argument(
+        "--nproc", type=_positive_int, default=1, help="data-parallel processes (gloo on CPU)"
+    )
+    t.add_argument(
+        "--checkpoint",
+        metavar="DIR",
+        help="checkpoint every epoch into DIR; resume from it if present",
+    )
+    t.set_defaults(func=commands.train)
+
+    w = sub.add_parser("sweep", help="methods x sparsities x seeds, resumable")
+    _add_common(w)
+    _add_training(w)
+    w.add_argument(
+        "--methods", type=_list_of(str), default=None, help="comma-separated methods (default: all)"
+    )
+    w.add_argument("--sparsities", type=_list_of(_sparsity), default=[0.5, 0.9, 0.98])
+    w.add_argument("--seeds", type=_list_of(int), default=[0, 1, 2])
+    w.add_argument(
+        "--shuffle", action="store_true", help="also run each with layer-wise shuffled masks"
+    )
+    w.set_defaults(func=commands.sweep, out="gradsift-sweep")
+
+
+def _study_parsers(sub) -> None:
+    from gradsift.lab.bench import BENCHES
+    from gradsift.lab.studies import STUDIES
+
+    e = sub.add_parser("experiment", help="regenerate a study of docs/results.md")
+    e.add_argument("study", choices=list(STUDIES))
+    e.add_argument("--quick", action="store_true", help="a reduced form (for tests)")
+    e.add_argument("--out", default="docs/results", help="output folder")
+    e.set_defaults(func=commands.experiment)
+
+    b = sub.add_parser("bench", help="measure speed as ratios against baselines")
+    b.add_argument("what", choices=list(BENCHES), help="what to benchmark")
+    b.add_argument("--repeats", type=_positive_int, default=7, help="timed calls per entry")
+    b.add_argument(
+        "--sizes", type=_list_of(_positive_int), help="comma-separated N values (select)"
+    )
+    b.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
+    b.set_defaults(func=commands.bench)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="gradsift",
+        description="Gradient-signal sparsity: top-k sparse updates and pruning at init.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    _demo_parser(sub)
+    _train_parsers(sub)
+    _study_parsers(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except (ValueError, TypeError, FileNotFoundError) as exc:
+        print(f"gradsift: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,207 @@
+"""What each ``gradsift`` command does (the parser is in ``gradsift.lab.cli``)."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+from pathlib import Path
+
+from gradsift.lab.atomic import atomic_write_bytes, atomic_write_json
+from gradsift.lab.tables import columns, render
+
+__all__ = ["demo", "prune", "train", "sweep", "experiment", "bench"]
+
+RUN_COLUMNS = columns(
+    """
+    method         method        s
+    sparsity       sparsity      .2f
+    grad_density   grad density  g
+    test_accuracy  test acc      .4f
+    seconds        seconds       .1f
+    """
+)
+
+
+def _spec(args: argparse.Namespace, **overrides):
+    from gradsift.lab.runs import RunSpec
+    from gradsift.lab.training import TrainConfig
+
+    cfg = TrainConfig(
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        density=args.density,
+        error_feedback=args.error_feedback,
+        seed=args.seed,
+        device=args.device,
+    )
+    fields = dict(
+        model=args.model,
+        dataset=args.dataset,
+        method=args.method,
+        sparsity=args.sparsity if args.method else 0.0,
+        iterations=args.iterations,
+        seed=args.seed,
+        train=cfg,
+        data_root=args.data_root,
+    )
+    fields.update(overrides)
+    return RunSpec(**fields)
+
+
+def demo(args: argparse.Namespace) -> int:
+    from gradsift import list_methods
+    from gradsift.lab.plots import have_matplotlib, plot_bars
+    from gradsift.lab.runs import RunSpec, run_one
+    from gradsift.lab.training import TrainConfig
+
+    out = Path(args.out)
+    print(
+        f"gradsift demo: LeNet-5 on the embedded digits (1,797 8x8 images), pruned at "
+        f"init to {args.sparsity:.0%} sparsity, trained with top-{args.density:g} "
+        f"gradients + error feedback; results in {out}/"
+    )
+    rows = []
+    dense = TrainConfig(epochs=args.epochs, density=None, seed=args.seed)
+    sparse = TrainConfig(epochs=args.epochs, density=args.density, seed=args.seed)
+    for method, cfg in [(None, dense)] + [(m, sparse) for m in [None, *list_methods()]]:
+        spec = RunSpec(
+            method=method, sparsity=args.sparsity if method else 0.0, seed=args.seed, train=cfg
+        )
+        r = run_one(spec, progress=True)
+        rows.append(r)
+        print(
+            f"  {r['method']:>9}, gradient density {r['grad_density']:g}: "
+            f"test accuracy {r['test_accuracy']:.4f}"
+        )
+    print()
+    print(render(rows, RUN_COLUMNS))
+    atomic_write_json(out / "results.json", {"command": "gradsift demo", "runs": rows})
+    print(f"\nwrote {out / 'results.json'}")
+    if not have_matplotlib():
+        print("matplotlib not installed: no plot (pip install 'gradsift[plots]')")
+        return 0
+    plot_bars(
+        [f"{r['method']}\ndensity {r['grad_density']:g}" for r in rows],
+        [100 * r["test_accuracy"] for r in rows],
+        out / "demo.png",
+        ylabel="test accuracy (%)",
+        title="LeNet-5 on digits: pruned at init, trained with top-k sparse gradients",
+    )
+    print(f"wrote {out / 'demo.png'}")
+    return 0
+
+
+def prune(args: argparse.Namespace) -> int:
+    import torch
+
+    from gradsift import sparsity_report
+    from gradsift.lab.data import load_dataset
+    from gradsift.lab.models import build_model
+    from gradsift.lab.runs import prune_for_run
+
+    torch.manual_seed(args.seed)
+    ds = load_dataset(args.dataset, root=args.data_root)
+    model = build_model(args.model, input_shape=ds.input_shape, num_classes=ds.num_classes)
+    model.to(args.device)
+    masks = prune_for_run(
+        model, ds, args.method, args.sparsity, iterations=args.iterations, seed=args.seed
+    )
+    report = sparsity_report(model)
+    print(report)
+    if report.collapsed:
+        print(f"warning: layer collapse in {report.collapsed}")
+    if args.out:
+        out = Path(args.out)
+        atomic_write_json(out / "report.json", report.to_dict())
+        buf = io.BytesIO()
+        torch.save(masks, buf)
+        atomic_write_bytes(out / "masks.pt", buf.getvalue())
+        print(f"wrote {out / 'report.json'} and {out / 'masks.pt'}")
+    return 0
+
+
+def train(args: argparse.Namespace) -> int:
+    from gradsift.lab import launch
+    from gradsift.lab.runs import run_one
+
+    ckpt = args.checkpoint
+    if launch.under_torchrun():
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        record = launch.run_rank(_spec(args), rank=rank, world=world, checkpoint_dir=ckpt)
+        if record is None:
+            return 0
+    elif args.nproc > 1:
+        record = launch.spawn(_spec(args), args.nproc, checkpoint_dir=ckpt)
+    else:
+        record = run_one(_spec(args), checkpoint_dir=ckpt, progress=True)
+    print(render([record], RUN_COLUMNS))
+    if record["world_size"] > 1:
+        print(f"gradient traffic: {record['compression_ratio']:.1f}x less than allreduce")
+    if args.out:
+        path = Path(args.out) / "result.json"
+        atomic_write_json(path, record)
+        print(f"wrote {path}")
+    return 0
+
+
+def sweep(args: argparse.Namespace) -> int:
+    from gradsift import list_methods
+    from gradsift.lab.plots import have_matplotlib, plot_accuracy_vs_sparsity
+    from gradsift.lab.runs import run_sweep
+
+    methods = args.methods or list_methods()
+    unknown = sorted(set(methods) - set(list_methods()))
+    if unknown:
+        raise ValueError(f"--methods: unknown {unknown}; choose from {list_methods()}")
+    specs = [
+        _spec(args, method=m, sparsity=s, seed=seed, shuffle=shuffle)
+        for m in methods
+        for s in args.sparsities
+        for seed in args.seeds
+        for shuffle in ([False, True] if args.shuffle else [False])
+    ]
+    out = Path(args.out)
+    path = out / "results.json"
+
+    def report(r):
+        print(
+            f"  {r['method']:>9} sparsity {r['sparsity']:.3f} seed {r['seed']}"
+            f"{' shuffled' if r['shuffle'] else ''}: acc {r['test_accuracy']:.4f}"
+        )
+
+    runs = run_sweep(specs, path, on_result=report)
+    print(f"{len(runs)} runs in {path}")
+    if have_matplotlib():
+        plot_accuracy_vs_sparsity(
+            runs, out / "accuracy_vs_sparsity.png", title=f"{args.model} on {args.dataset}"
+        )
+        print(f"wrote {out / 'accuracy_vs_sparsity.png'}")
+    return 0
+
+
+def experiment(args: argparse.Namespace) -> int:
+    from gradsift.lab.studies import run_study
+
+    command = f"gradsift experiment {args.study}" + (" --quick" if args.quick else "")
+    if args.out != "docs/results":
+        command += f" --out {args.out}"
+    run_study(args.study, args.out, quick=args.quick, command=command)
+    print((Path(args.out) / f"{args.study}.md").read_text())
+    print(f"wrote {args.out}/{args.study}.json, .md and .png")
+    return 0
+
+
+def bench(args: argparse.Namespace) -> int:
+    from gradsift.lab.bench import BENCHES
+
+    run, columns = BENCHES[args.what]
+    options = {} if args.what == "ddp" else {"repeats": args.repeats}
+    if args.what == "select" and args.sizes:
+        options["sizes"] = args.sizes
+    rows = run(**options)
+    print(render(rows, columns))
+    if args.json:
+        atomic_write_json(args.json, {"benchmark": args.what, "rows": rows})
+    return 0

@@ -1,0 +1,134 @@
+"""Datasets: the embedded handwritten digits, CIFAR from a local folder, random data.
+
+The digits are scikit-learn's copy of the UCI "Optical Recognition of Handwritten
+Digits" test set (Alpaydin & Kaynak 1998): 1,797 grey 8x8 images, 10 classes,
+shipped inside this package so nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+__all__ = [
+    "Dataset",
+    "digits",
+    "cifar",
+    "random_data",
+    "load_dataset",
+    "list_datasets",
+    "loader",
+]
+
+
+@dataclass
+class Dataset:
+    """A train/test pair of tensor datasets with their input shape and class count."""
+
+    train: TensorDataset
+    test: TensorDataset
+    input_shape: tuple[int, ...]
+    num_classes: int
+
+
+def _split(x: torch.Tensor, y: torch.Tensor, test_fraction: float, seed: int):
+    perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))
+    n_test = round(len(y) * test_fraction)
+    test, train = perm[:n_test], perm[n_test:]
+    return TensorDataset(x[train], y[train]), TensorDataset(x[test], y[test])
+
+
+def digits(*, test_fraction: float = 0.25, seed: int = 0) -> Dataset:
+    """The embedded digits, scaled to [0, 1] and standardised, with a seeded split."""
+    with resources.files("gradsift.lab").joinpath("data_files/digits.npz").open("rb") as f:
+        arrays = np.load(f)
+        images, target = arrays["images"], arrays["target"]
+    x = torch.from_numpy(images.astype(np.float32) / 16.0).unsqueeze(1)
+    x = (x - x.mean()) / x.std()
+    y = torch.from_numpy(target.astype(np.int64))
+    train, test = _split(x, y, test_fraction, seed)
+    return Dataset(train, test, (1, 8, 8), 10)
+
+
+_CIFAR = {
+    "cifar10": (
+        "cifar-10-batches-py",
+        [f"data_batch_{i}" for i in range(1, 6)],
+        "test_batch",
+        b"labels",
+        10,
+    ),
+    "cifar100": ("cifar-100-python", ["train"], "test", b"fine_labels", 100),
+}
+_MEAN = torch.tensor([0.4914, 0.4822, 0.4465]).view(1, 3, 1, 1)
+_STD = torch.tensor([0.2470, 0.2435, 0.2616]).view(1, 3, 1, 1)
+
+
+def _read_cifar(paths: list[Path], label_key: bytes):
+    xs, ys = [], []
+    for path in paths:
+        with open(path, "rb") as f:
+            batch = pickle.load(f, encoding="bytes")
+        xs.append(np.asarray(batch[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
+        ys.extend(batch[label_key])
+    x = torch.from_numpy(np.concatenate(xs)).float() / 255.0
+    return (x - _MEAN) / _STD, torch.tensor(ys, dtype=torch.int64)
+
+
+def cifar(root: str | Path, name: str = "cifar10") -> Dataset:
+    """CIFAR-10/100 from ``root`` in the python-pickle format (no download).
+
+    ``root`` must hold ``cifar-10-batches-py/`` (or ``cifar-100-python/``) as
+    extracted from the official ``cifar-10-python.tar.gz``.
+    """
+    if name not in _CIFAR:
+        raise ValueError(f"name must be one of {sorted(_CIFAR)}, got {name!r}")
+    folder, train_files, test_file, label_key, classes = _CIFAR[name]
+    base = Path(root) / folder
+    missing = [f for f in train_files + [test_file] if not (base / f).exists()]
+    if missing:
+        raise FileNotFoundError(
+            f"{name} not found: expected {base}/ with {', '.join(missing)}. gradsift never "
+            f"downloads; extract the official python version of {name} into {Path(root)}/"
+        )
+    xtr, ytr = _read_cifar([base / f for f in train_files], label_key)
+    xte, yte = _read_cifar([base / test_file], label_key)
+    return Dataset(TensorDataset(xtr, ytr), TensorDataset(xte, yte), (3, 32, 32), classes)
+
+
+def random_data(
+    input_shape=(3, 32, 32), num_classes: int = 10, per_class: int = 10, seed: int = 0
+) -> Dataset:
+    """Class-balanced Gaussian inputs: shapes for data-free studies and tests."""
+    gen = torch.Generator().manual_seed(seed)
+    n = num_classes * per_class
+    y = torch.arange(num_classes).repeat(per_class)
+    x = torch.randn((n, *input_shape), generator=gen)
+    return Dataset(TensorDataset(x, y), TensorDataset(x, y), tuple(input_shape), num_classes)
+
+
+def list_datasets() -> list[str]:
+    return ["cifar10", "cifar100", "digits"]
+
+
+def load_dataset(name: str, *, root: str | Path | None = None, seed: int = 0) -> Dataset:
+    """``digits`` (embedded) or ``cifar10``/``cifar100`` (from ``root``)."""
+    if name == "digits":
+        return digits(seed=seed)
+    if name in _CIFAR:
+        if root is None:
+            raise ValueError(f"dataset {name!r} needs --data-root (a folder holding it)")
+        return cifar(root, name)
+    raise ValueError(f"dataset must be one of {list_datasets()}, got {name!r}")
+
+
+def loader(dataset, *, batch_size: int, shuffle: bool, seed: int = 0) -> DataLoader:
+    """A DataLoader whose shuffling is reproducible from ``seed``."""
+    gen = torch.Generator().manual_seed(seed)
+    return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, generator=gen)

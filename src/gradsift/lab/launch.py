@@ -1,0 +1,72 @@
+"""Starting data-parallel runs: ``gradsift train --nproc N`` spawns N local processes;
+under ``torchrun`` (which sets ``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT``)
+each process joins directly: ``torchrun --nproc-per-node 2 -m gradsift train ...``."""
+
+from __future__ import annotations
+
+import gc
+import os
+import socket
+import tempfile
+from pathlib import Path
+
+import torch.distributed as dist
+
+from gradsift.lab.atomic import atomic_write_json, read_json
+from gradsift.lab.parallel import init_process_group
+from gradsift.lab.runs import RunSpec, run_one
+
+__all__ = ["free_port", "under_torchrun", "run_rank", "spawn"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def under_torchrun() -> bool:
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ
+
+
+def run_rank(
+    spec: RunSpec, *, rank: int, world: int, checkpoint_dir=None, timeout_s: float = 120.0
+) -> dict | None:
+    """This process's rank of ``spec``; rank 0 returns the result record."""
+    init_process_group(rank, world, spec.train.device, timeout_s)
+    try:
+        record = run_one(spec, rank=rank, world=world, checkpoint_dir=checkpoint_dir)
+        dist.barrier()  # no rank leaves while another still talks to it
+    finally:
+        gc.collect()  # free DDP's reducer (it holds the group) before the group goes
+        dist.destroy_process_group()
+    return record if rank == 0 else None
+
+
+def _worker(rank: int, world: int, port: int, spec: RunSpec, checkpoint_dir, out) -> None:
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    os.environ["LOCAL_RANK"] = str(rank)
+    record = run_rank(spec, rank=rank, world=world, checkpoint_dir=checkpoint_dir)
+    if rank == 0:
+        atomic_write_json(out, record)
+
+
+def spawn(spec: RunSpec, nproc: int, *, checkpoint_dir=None) -> dict:
+    """Run ``spec`` in ``nproc`` local processes; return rank 0's record.
+
+    The record comes back through a file, not a pipe: a pipe that fills up would
+    block rank 0 while this process waits for it to exit.
+    """
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory(prefix="gradsift-spawn-") as tmp:
+        out = Path(tmp) / "record.json"
+        mp.start_processes(
+            _worker,
+            args=(nproc, free_port(), spec, checkpoint_dir, str(out)),
+            nprocs=nproc,
+            join=True,
+            start_method="spawn",
+        )
+        return read_json(out)

@@ -1,0 +1,57 @@
+"""Data-parallel training on CPU (gloo) or GPU (NCCL) with the top-k comm hook: the
+process group and one rank's ``Setup`` for ``training.train_run``.
+
+The backend follows ``--device``: ``cuda`` uses NCCL with one GPU per local rank
+(the model and every batch on ``cuda:LOCAL_RANK``), anything else gloo on CPU.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, DistributedSampler
+
+from gradsift.distributed import TopKHookState, topk_hook
+from gradsift.lab.training import Setup, TrainConfig, make_optimizer, make_scheduler
+
+__all__ = ["init_process_group", "rank_device", "ddp_setup"]
+
+
+def rank_device(device: str) -> str:
+    """This rank's device: ``cuda:LOCAL_RANK`` for ``cuda``, else ``device``."""
+    if torch.device(device).type != "cuda":
+        return device
+    return f"cuda:{int(os.environ.get('LOCAL_RANK', os.environ.get('RANK', '0')))}"
+
+
+def init_process_group(rank: int, world: int, device: str, timeout_s: float = 120.0) -> None:
+    """NCCL for a CUDA device, gloo otherwise; ``MASTER_ADDR/PORT`` from the env."""
+    backend = "nccl" if torch.device(device).type == "cuda" else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(torch.device(rank_device(device)))
+    dist.init_process_group(
+        backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s)
+    )
+
+
+def ddp_setup(model: torch.nn.Module, train_set, cfg: TrainConfig, rank: int, world: int):
+    """``model`` on this rank's device inside DDP, the top-k hook when ``cfg`` is
+    sparse, SGD (the hook does the top-k), the schedule and a distributed sampler."""
+    device = rank_device(cfg.device)
+    model.to(device).train()
+    on_cuda = torch.device(device).type == "cuda"
+    ddp = DistributedDataParallel(model, device_ids=[torch.device(device)] if on_cuda else None)
+    state = None
+    if cfg.sparse:
+        state = TopKHookState(density=cfg.density, k=cfg.k, error_feedback=cfg.error_feedback)
+        ddp.register_comm_hook(state, topk_hook)
+    opt = make_optimizer(model, cfg, topk=False)
+    sampler = DistributedSampler(
+        train_set, num_replicas=world, rank=rank, shuffle=True, seed=cfg.seed
+    )
+    data = DataLoader(train_set, batch_size=cfg.batch_size, sampler=sampler)
+    return Setup(model, ddp, opt, make_scheduler(opt, cfg), data, device, rank, world, state)

@@ -1,0 +1,190 @@
+"""One experiment run (data, model, prune, train -> a ``RunRecord``), on one process or
+as one rank of a data-parallel run, and sweeps of runs that resume: finished runs are
+skipped and each result is saved atomically."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from gradsift import prune_at_init, sparsity_report
+from gradsift.lab.atomic import atomic_write_json, read_json
+from gradsift.lab.data import load_dataset
+from gradsift.lab.models import build_model
+from gradsift.lab.parallel import ddp_setup
+from gradsift.lab.training import TrainConfig, single_process_setup, train_run
+from gradsift.pruning import supported_options
+
+__all__ = ["RunSpec", "RunRecord", "prune_for_run", "run_one", "run_sweep", "load_results"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RunSpec:
+    """Everything that defines one run; ``key()`` identifies it for resuming."""
+
+    model: str = "lenet5"
+    dataset: str = "digits"
+    method: str | None = None  # None: no pruning
+    sparsity: float = 0.0
+    iterations: int = 1
+    shuffle: bool = False
+    seed: int = 0
+    train: TrainConfig = field(default_factory=TrainConfig)
+    data_root: str | None = None
+
+    def key(self) -> str:
+        t = self.train
+        return (
+            f"{self.model}|{self.dataset}|{self.method}|{self.sparsity:g}|{self.iterations}|"
+            f"{int(self.shuffle)}|{self.seed}|{t.epochs}|{t.density}|{t.k}|"
+            f"{int(t.error_feedback)}|{t.lr:g}|{t.batch_size}"
+        )
+
+
+@dataclass
+class RunRecord:
+    """The result of one run, the one record type of ``results.json`` / ``result.json``."""
+
+    key: str
+    model: str
+    dataset: str
+    method: str  # "unpruned" when not pruned
+    sparsity: float
+    iterations: int
+    shuffle: bool
+    seed: int
+    world_size: int
+    grad_density: float
+    error_feedback: bool
+    epochs: int
+    kept: int
+    total: int
+    collapsed: list
+    test_accuracy: float
+    test_loss: float
+    history: list
+    prune_seconds: float
+    seconds: float
+    compression_ratio: float = 1.0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def prune_for_run(
+    model,
+    ds,
+    method: str,
+    sparsity: float,
+    *,
+    iterations: int = 1,
+    seed: int = 0,
+    shuffle: bool = False,
+) -> dict:
+    """Prune ``model`` at init on ``ds``'s training set as every run does; the masks.
+
+    Seeded batches of 128; every option the method takes from what a run knows
+    (``seed``, ``num_classes``, and 10 samples per class: digits' train split holds at
+    least 120 of each); mask shuffling seeded by ``seed``.
+    """
+    batches = torch.utils.data.DataLoader(
+        ds.train, batch_size=128, shuffle=True, generator=torch.Generator().manual_seed(seed)
+    )
+    options = supported_options(method, seed=seed, num_classes=ds.num_classes, samples_per_class=10)
+    return prune_at_init(
+        model,
+        method,
+        sparsity,
+        batches,
+        iterations=iterations,
+        shuffle=shuffle,
+        generator=torch.Generator().manual_seed(seed),
+        **options,
+    )
+
+
+def run_one(
+    spec: RunSpec, *, rank: int = 0, world: int = 1, checkpoint_dir=None, progress: bool = False
+) -> dict | None:
+    """Build, prune (if ``spec.method``), train and evaluate; rank 0 returns the record.
+
+    With ``world > 1`` the process group must exist (``gradsift.lab.launch``).
+    """
+    torch.manual_seed(spec.seed)  # the same initial model on every rank
+    ds = load_dataset(spec.dataset, root=spec.data_root, seed=0)
+    model = build_model(spec.model, input_shape=ds.input_shape, num_classes=ds.num_classes)
+    start = time.perf_counter()
+    if spec.method is not None:
+        prune_for_run(
+            model,
+            ds,
+            spec.method,
+            spec.sparsity,
+            iterations=spec.iterations,
+            seed=spec.seed,
+            shuffle=spec.shuffle,
+        )
+    prune_seconds = time.perf_counter() - start
+    cfg = TrainConfig(**{**asdict(spec.train), "seed": spec.seed})
+    if world > 1:
+        setup = ddp_setup(model, ds.train, cfg, rank, world)
+    else:
+        setup = single_process_setup(model, ds.train, cfg)
+    result = train_run(setup, cfg, ds.test, checkpoint_dir=checkpoint_dir, progress=progress)
+    if rank != 0:
+        return None
+    report = sparsity_report(model)
+    return RunRecord(
+        key=spec.key(),
+        model=spec.model,
+        dataset=spec.dataset,
+        method=spec.method or "unpruned",
+        sparsity=spec.sparsity,
+        iterations=spec.iterations,
+        shuffle=spec.shuffle,
+        seed=spec.seed,
+        world_size=world,
+        grad_density=cfg.density if cfg.density is not None else 1.0,
+        error_feedback=cfg.error_feedback,
+        epochs=cfg.epochs,
+        kept=report.kept,
+        total=report.total,
+        collapsed=report.collapsed,
+        test_accuracy=result["test_accuracy"],
+        test_loss=result["test_loss"],
+        history=result["history"],
+        prune_seconds=prune_seconds,
+        seconds=prune_seconds + result["seconds"],
+        compression_ratio=setup.hook_state.compression_ratio if setup.hook_state else 1.0,
+    ).to_dict()
+
+
+def load_results(path) -> list[dict]:
+    data = read_json(path, default={"runs": []})
+    return data.get("runs", [])
+
+
+def run_sweep(specs: list[RunSpec], path, *, progress: bool = False, on_result=None):
+    """Run every spec not already in ``path``; rewrite ``path`` atomically after each.
+
+    Returns all results (old and new). Interrupting leaves ``path`` valid JSON holding
+    every finished run, so the same call resumes where it stopped.
+    """
+    results = load_results(path)
+    done = {r["key"] for r in results}
+    for spec in specs:
+        if spec.key() in done:
+            log.info("skip finished run %s", spec.key())
+            continue
+        record = run_one(spec, progress=progress)
+        results.append(record)
+        done.add(record["key"])
+        atomic_write_json(path, {"runs": results})
+        if on_result is not None:
+            on_result(record)
+    return results

@@ -1,0 +1,62 @@
+"""Accuracy vs sparsity on the embedded digits: LeNet-5, every method, 3 seeds, real
+and layer-wise shuffled masks (Frankle et al. 2021, arXiv:2009.08576)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+from gradsift.lab.runs import RunSpec, run_sweep
+from gradsift.lab.studies.common import mean_std, training_result
+from gradsift.lab.tables import Column, render
+from gradsift.lab.training import TrainConfig
+from gradsift.pruning import get_method
+
+METHODS = ["random", "magnitude", "snip", "grasp", "synflow"]
+
+
+def _iterations(method: str, quick: bool) -> int:
+    """The paper's rounds (SynFlow: 100); two in the quick form."""
+    paper = get_method(method).paper_iterations
+    return min(paper, 2) if quick else paper
+
+
+def accuracy(out: Path, *, quick: bool = False):
+    from gradsift.lab.plots import plot_accuracy_vs_sparsity
+
+    sparsities = [0.5, 0.9] if quick else [0.5, 0.8, 0.9, 0.95, 0.98, 0.99]
+    seeds = [0] if quick else [0, 1, 2]
+    epochs = 1 if quick else 15
+    specs = [
+        RunSpec(
+            method=m,
+            sparsity=s,
+            seed=seed,
+            shuffle=shuffle,
+            iterations=_iterations(m, quick),
+            train=TrainConfig(epochs=epochs),
+        )
+        for m in METHODS
+        for s in sparsities
+        for seed in seeds
+        for shuffle in (False, True)
+    ]
+    runs = run_sweep(specs, out / "accuracy_runs.json")
+    plot_accuracy_vs_sparsity(
+        runs, out / "accuracy.png", title="LeNet-5 on digits (dashed: layer-wise shuffled masks)"
+    )
+    cells = defaultdict(list)
+    for r in runs:
+        cells[(r["method"], r["shuffle"], r["sparsity"])].append(100 * r["test_accuracy"])
+    table = []
+    for m in METHODS:
+        for shuffle in (False, True):
+            row = [m + (" (shuffled)" if shuffle else "")]
+            for s in sparsities:
+                mean, std = mean_std(cells[(m, shuffle, s)])
+                row.append(f"{mean:.1f} ± {std:.1f}")
+            table.append(row)
+    columns = [Column(0, "method")]
+    columns += [Column(i + 1, f"{100 * s:g}%") for i, s in enumerate(sparsities)]
+    result = training_result("accuracy", quick, epochs, seeds, runs)
+    return result, render(table, columns, markdown=True)

@@ -1,0 +1,49 @@
+"""Dense vs top-k sparse training, with and without error feedback: the MLP
+(LeNet-300-100) on the embedded digits, unpruned, 3 seeds."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+from gradsift.lab.runs import RunSpec, run_sweep
+from gradsift.lab.studies.common import mean_std, training_result
+from gradsift.lab.tables import Column, render
+from gradsift.lab.training import TrainConfig
+
+
+def topk(out: Path, *, quick: bool = False):
+    from gradsift.lab.plots import plot_bars
+
+    seeds = [0] if quick else [0, 1, 2]
+    epochs = 1 if quick else 20
+    configs = [(None, True)] + [(d, ef) for d in (0.1, 0.01, 0.001) for ef in (True, False)]
+    specs = [
+        RunSpec(
+            model="mlp", seed=seed, train=TrainConfig(epochs=epochs, density=d, error_feedback=ef)
+        )
+        for d, ef in configs
+        for seed in seeds
+    ]
+    runs = run_sweep(specs, out / "topk_runs.json")
+    cells = defaultdict(list)
+    for r in runs:
+        cells[(r["grad_density"], r["error_feedback"])].append(100 * r["test_accuracy"])
+    labels, means, table = [], [], []
+    for d, ef in configs:
+        mean, std = mean_std(cells[(1.0 if d is None else d, ef)])
+        label = "dense" if d is None else f"{100 * d:g}%" + (" +EF" if ef else " no EF")
+        labels.append(label.replace(" ", "\n", 1))
+        means.append(mean)
+        table.append([label, f"{mean:.1f} ± {std:.1f}"])
+    plot_bars(
+        labels,
+        means,
+        out / "topk.png",
+        ylabel="test accuracy (%)",
+        title=f"MLP on digits, {epochs} epochs: top-k gradient density",
+        ymin=0.0 if quick else 90.0,
+    )
+    result = training_result("topk", quick, epochs, seeds, runs)
+    columns = [Column(0, "gradients"), Column(1, "test accuracy (%)")]
+    return result, render(table, columns, markdown=True)

@@ -1,0 +1,208 @@
+"""The one training loop (``fit``) and what it needs: the optimizer, the schedule,
+evaluation. Single-process training, data-parallel training and the DDP benchmark
+all run through ``fit``; ``train_run`` adds evaluation and checkpoint/resume."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F  # noqa: N812
+from torch import nn
+
+from gradsift import TopK
+from gradsift.lab import checkpoint as ckpt
+from gradsift.lab.data import loader
+
+__all__ = ["TrainConfig", "Setup", "fit", "train_run", "evaluate", "make_optimizer"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainConfig:
+    """What a training run does. ``density``/``k`` None means dense updates."""
+
+    epochs: int = 10
+    batch_size: int = 64
+    lr: float = 0.05
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    density: float | None = None
+    k: int | None = None
+    error_feedback: bool = True
+    schedule: str = "cosine"  # or "none"
+    seed: int = 0
+    device: str = "cpu"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @property
+    def sparse(self) -> bool:
+        return self.density is not None or self.k is not None
+
+
+def make_optimizer(model: nn.Module, cfg: TrainConfig, *, topk: bool = True):
+    """SGD with momentum, wrapped in ``TopK`` when ``cfg`` is sparse and ``topk``
+    (data-parallel runs sparsify in the communication hook instead)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    sgd = torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    if not (topk and cfg.sparse):
+        return sgd
+    return TopK(sgd, density=cfg.density, k=cfg.k, error_feedback=cfg.error_feedback)
+
+
+def make_scheduler(opt, cfg: TrainConfig):
+    """Cosine annealing over the epochs (stepped once per epoch), or None."""
+    if cfg.schedule == "cosine":
+        return torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(1, cfg.epochs))
+    if cfg.schedule != "none":
+        raise ValueError(f"schedule must be 'cosine' or 'none', got {cfg.schedule!r}")
+    return None
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, dataset, *, device="cpu", batch_size: int = 512) -> dict:
+    """Accuracy and mean cross-entropy of ``model`` on ``dataset`` (eval mode)."""
+    was_training = model.training
+    model.eval()
+    correct, total, loss = 0, 0, 0.0
+    for x, y in loader(dataset, batch_size=batch_size, shuffle=False):
+        x, y = x.to(device), y.to(device)
+        out = model(x)
+        loss += float(F.cross_entropy(out, y, reduction="sum"))
+        correct += int((out.argmax(1) == y).sum())
+        total += y.numel()
+    model.train(was_training)
+    return {"accuracy": correct / total, "loss": loss / total}
+
+
+def _progress(iterable, enabled: bool, desc: str):
+    if not enabled:
+        return iterable
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # tqdm is an optional extra
+        return iterable
+    return tqdm(iterable, desc=desc, leave=False, disable=None)  # None: off when not a tty
+
+
+def fit(
+    forward: nn.Module,
+    optimizer,
+    data,
+    *,
+    epochs: int,
+    start_epoch: int = 0,
+    device="cpu",
+    scheduler=None,
+    loss_fn=F.cross_entropy,
+    on_epoch=None,
+    on_step=None,
+    progress: bool = False,
+) -> None:
+    """Epochs ``start_epoch .. epochs-1`` of zero_grad / forward / backward / step.
+
+    ``data``: a DataLoader (a ``DistributedSampler`` gets ``set_epoch``). The
+    scheduler steps once per epoch; ``on_step()`` runs after every step and
+    ``on_epoch(epoch, mean_train_loss)`` after every epoch.
+    """
+    for epoch in _progress(range(start_epoch, epochs), progress, "epochs"):
+        if hasattr(data.sampler, "set_epoch"):
+            data.sampler.set_epoch(epoch)
+        total, count = 0.0, 0
+        for x, y in data:
+            x, y = x.to(device), y.to(device)
+            optimizer.zero_grad()
+            loss = loss_fn(forward(x), y)
+            loss.backward()
+            optimizer.step()
+            total += loss.item() * y.numel()
+            count += y.numel()
+            if on_step is not None:
+                on_step()
+        if scheduler is not None:
+            scheduler.step()
+        if on_epoch is not None:
+            on_epoch(epoch, total / max(count, 1))
+
+
+@dataclass
+class Setup:
+    """One process's part of a run: what ``train_run`` drives and checkpoints.
+
+    ``model`` is evaluated and saved; ``forward`` is what trains (the model itself, or
+    its ``DistributedDataParallel`` wrapper); ``hook_state`` is the DDP hook's state.
+    """
+
+    model: nn.Module
+    forward: nn.Module
+    optimizer: object
+    scheduler: object
+    data: object
+    device: str = "cpu"
+    rank: int = 0
+    world: int = 1
+    hook_state: object = None
+
+
+def train_run(
+    setup: Setup, cfg: TrainConfig, test_set, *, checkpoint_dir=None, progress=False
+) -> dict:
+    """``fit`` for ``cfg.epochs`` with rank 0 evaluating after every epoch; with
+    ``checkpoint_dir``, resume from its checkpoint and write one after every epoch.
+
+    Returns ``{"test_accuracy", "test_loss", "history", "seconds"}`` (rank 0's
+    metrics; other ranks get None for them).
+    """
+    state = ckpt.restore(checkpoint_dir, setup) if checkpoint_dir else None
+    history = state["history"] if state else []
+    previous = state["seconds"] if state else 0.0
+    start = time.perf_counter()
+
+    def on_epoch(epoch: int, train_loss: float) -> None:
+        metrics = evaluate(setup.model, test_set, device=setup.device) if setup.rank == 0 else {}
+        history.append({"epoch": epoch + 1, "train_loss": train_loss, **metrics})
+        log.info("epoch %d: train loss %.4f, test %s", epoch + 1, train_loss, metrics)
+        if checkpoint_dir:
+            seconds = previous + time.perf_counter() - start
+            ckpt.save(checkpoint_dir, setup, epoch + 1, history, seconds)
+
+    fit(
+        setup.forward,
+        setup.optimizer,
+        setup.data,
+        epochs=cfg.epochs,
+        start_epoch=len(history),
+        device=setup.device,
+        scheduler=setup.scheduler,
+        on_epoch=on_epoch,
+        progress=progress,
+    )
+    final = history[-1] if history else {}
+    if setup.rank == 0 and not history:
+        final = evaluate(setup.model, test_set, device=setup.device)
+    return {
+        "test_accuracy": final.get("accuracy"),
+        "test_loss": final.get("loss"),
+        "history": history,
+        "seconds": previous + time.perf_counter() - start,
+    }
+
+
+def single_process_setup(model: nn.Module, train_set, cfg: TrainConfig) -> Setup:
+    """Seeded as every single-process run: model on ``cfg.device``, SGD (+ TopK),
+    the schedule and a shuffling loader seeded by ``cfg.seed``."""
+    torch.manual_seed(cfg.seed)
+    model.to(cfg.device).train()
+    opt = make_optimizer(model, cfg)
+    data = loader(train_set, batch_size=cfg.batch_size, shuffle=True, seed=cfg.seed)
+    return Setup(model, model, opt, make_scheduler(opt, cfg), data, device=cfg.device)
+
+
+def train(model: nn.Module, train_set, test_set, cfg: TrainConfig, **kwargs) -> dict:
+    """Train ``model`` in this process (see ``train_run`` for the result)."""
+    return train_run(single_process_setup(model, train_set, cfg), cfg, test_set, **kwargs)

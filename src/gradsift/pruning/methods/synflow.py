@@ -1,0 +1,94 @@
+"""SynFlow: Tanaka, Kunin, Yamins & Ganguli, "Pruning neural networks without any data
+by iteratively conserving synaptic flow", NeurIPS 2020, arXiv:2006.05467.
+
+Score ``θ ⊙ ∂R/∂θ`` with ``R = 1ᵀ(∏_l |θ_l|)1``: the sum of the output of the
+linearised network (every weight replaced by ``|θ|``, biases zeroed, BatchNorm in eval
+mode with zero running mean) on an all-ones input, in float64. For a bias-free ReLU
+network the per-layer score sums all equal ``R`` (the conservation law). Iterative
+pruning (the paper: 100 rounds) rescores one linearised copy with the masks applied.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from gradsift.pruning.masks import apply_masks_
+from gradsift.pruning.params import Selector, device_of, effective, leaves, private_copy
+from gradsift.pruning.registry import register_method
+
+__all__ = ["synflow", "synflow_rescorer"]
+
+
+def _linearise_(model: nn.Module, dtype: torch.dtype) -> None:
+    """|θ| for every weight, 0 for every bias and BatchNorm mean: flow only through θ.
+
+    With PyTorch's default (non-zero) biases, bias terms inject flow that bypasses
+    pruned weights, which breaks SynFlow's conservation law; zeroing them in the
+    copy restores it (the paper's models initialise biases to zero).
+    """
+    model.to(dtype).eval()
+    with torch.no_grad():
+        for module in model.modules():
+            for attr, p in module.named_parameters(recurse=False):
+                if attr in ("bias", "bias_orig"):
+                    p.zero_()
+                else:
+                    p.abs_()
+            if (
+                isinstance(module, nn.modules.batchnorm._NormBase)
+                and module.running_mean is not None
+            ):
+                module.running_mean.zero_()
+
+
+def _input_shape(data, input_shape):
+    if input_shape is not None:
+        return tuple(input_shape)
+    if data is None:
+        raise ValueError("synflow needs input_shape= or data= to know the input shape")
+    return tuple(next(iter(data))[0].shape[1:])
+
+
+def _scores(model, targets, input_shape, dtype):
+    ws = leaves(targets)
+    ones = torch.ones((1, *input_shape), dtype=dtype, device=device_of(model))
+    grads = torch.autograd.grad(model(ones).sum(), ws)
+    return {name: effective(m, a).detach() * g for (name, (m, a)), g in zip(targets.items(), grads)}
+
+
+def synflow(model, targets, data=None, *, input_shape=None, dtype=torch.float64):
+    """θ ⊙ ∂R/∂θ with R the sum of the linearised network's output on ones."""
+    input_shape = _input_shape(data, input_shape)
+    _linearise_(model, dtype)
+    return _scores(model, targets, input_shape, dtype)
+
+
+def synflow_rescorer(
+    model: nn.Module,
+    data: Iterable | None = None,
+    *,
+    params: Selector = None,
+    input_shape=None,
+    dtype=torch.float64,
+):
+    """For iterative SynFlow: ``rescore(masks) -> scores`` on one private linearised copy.
+
+    Equal to ``score(model_with_masks, "synflow")`` each round, without re-copying and
+    re-linearising the network every round (the masks are the only thing that change).
+    """
+    shape = _input_shape(data, input_shape)
+    work, targets = private_copy(model, params)
+    _linearise_(work, dtype)
+
+    def rescore(masks: dict | None) -> dict[str, torch.Tensor]:
+        if masks is not None:
+            apply_masks_(work, masks)
+        return _scores(work, targets, shape, dtype)
+
+    return rescore
+
+
+register_method("synflow", synflow, rescorer=synflow_rescorer, paper_iterations=100)

@@ -1,0 +1,169 @@
+"""The registry of pruning criteria, and ``score``: run one on a private copy.
+
+A criterion is a function ``fn(model, targets, data, **options) -> {name: score}``:
+``model`` is a private deep copy (nothing in it requires grad), ``targets`` maps each
+scored parameter's name to ``(module, attribute)`` (``gradsift.pruning.params``), and
+**higher score = more important = kept**. ``register_method`` adds one by name, as
+timm's optimizer registry and jaxpruner's ``register_algorithm`` do, so a user can
+add a criterion without editing gradsift; each built-in lives in
+``gradsift/pruning/methods/<name>.py``.
+
+``score`` runs the criterion on a deep copy under a forked RNG, so the caller's model
+(weights, buffers, train/eval mode, ``requires_grad``, ``.grad``) and the global RNG
+are exactly as they were.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from gradsift.pruning.params import Selector, original, private_copy, prunable
+
+__all__ = [
+    "Method",
+    "get_method",
+    "list_methods",
+    "method_options",
+    "register_method",
+    "score",
+    "supported_options",
+]
+
+
+@dataclass(frozen=True)
+class Method:
+    """A registered criterion and what belongs to it.
+
+    ``defaults``: option values used when the caller gives none (on top of ``fn``'s
+    own keyword defaults). ``rescorer``: optional factory
+    ``rescorer(model, data, *, params, **options) -> rescore(masks) -> scores`` for
+    cheap rescoring in iterative pruning. ``paper_iterations``: the pruning rounds
+    its paper uses (SynFlow: 100), for harnesses that reproduce it.
+    """
+
+    name: str
+    fn: Callable[..., dict]
+    defaults: dict = field(default_factory=dict)
+    rescorer: Callable | None = None
+    paper_iterations: int = 1
+
+    def options(self) -> list[str]:
+        """The keyword options the criterion accepts."""
+        sig = inspect.signature(self.fn)
+        return [n for n, p in sig.parameters.items() if p.kind is p.KEYWORD_ONLY]
+
+
+_METHODS: dict[str, Method] = {}
+
+
+def register_method(
+    name: str,
+    fn: Callable[..., dict],
+    defaults: dict | None = None,
+    *,
+    rescorer: Callable | None = None,
+    paper_iterations: int = 1,
+    replace: bool = False,
+) -> Method:
+    """Register ``fn`` as criterion ``name`` (see the module docstring for its
+    signature); ``defaults`` must name keyword-only options of ``fn``."""
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"name must be a non-empty str, got {name!r}")
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    if name in _METHODS and not replace:
+        raise ValueError(f"method {name!r} is already registered (pass replace=True)")
+    method = Method(name, fn, dict(defaults or {}), rescorer, paper_iterations)
+    unknown = sorted(set(method.defaults) - set(method.options()))
+    if unknown:
+        raise ValueError(f"defaults {unknown} are not keyword-only options of {name!r}")
+    _METHODS[name] = method
+    return method
+
+
+def list_methods() -> list[str]:
+    """Names accepted by ``score`` and ``prune_at_init``."""
+    return sorted(_METHODS)
+
+
+def get_method(name: str) -> Method:
+    if name not in _METHODS:
+        raise ValueError(f"method must be one of {list_methods()}, got {name!r}")
+    return _METHODS[name]
+
+
+def method_options(method: str) -> list[str]:
+    """The keyword options ``method`` accepts."""
+    return get_method(method).options()
+
+
+def supported_options(method: str, **candidates) -> dict:
+    """The subset of ``candidates`` that ``method`` accepts (for generic harnesses
+    that know a seed or a class count and pass it to whichever method takes it)."""
+    accepted = set(method_options(method))
+    return {k: v for k, v in candidates.items() if k in accepted}
+
+
+def checked_options(method: str, options: dict) -> dict:
+    """``options`` over the method's registered defaults; unknown names raise."""
+    entry = get_method(method)
+    unknown = sorted(set(options) - set(entry.options()))
+    if unknown:
+        raise TypeError(
+            f"method {method!r} got unknown options {unknown}; it accepts {entry.options()}"
+        )
+    return {**entry.defaults, **options}
+
+
+def score(
+    model: nn.Module,
+    method: str,
+    data: Iterable | None = None,
+    *,
+    params: Selector = None,
+    **options,
+) -> dict[str, torch.Tensor]:
+    """Score every selected weight of ``model`` with ``method``; higher = keep.
+
+    Args:
+        model: any ``nn.Module``; it is not modified.
+        method: one of ``list_methods()``.
+        data: an iterable of ``(inputs, targets)`` batches (a DataLoader). Needed by
+            snip and grasp; synflow only reads the input shape from it.
+        params: which weights to score: None (Linear/Conv weights), names, or a
+            predicate ``(name, module, tensor) -> bool``.
+        **options: method options (``method_options(method)`` lists them), e.g.
+            ``loss_fn``, ``num_batches`` (snip), ``temperature``, ``samples_per_class``,
+            ``num_classes``, ``chunk_size`` (grasp), ``input_shape`` (synflow),
+            ``seed`` (random).
+
+    Returns:
+        ``{name: tensor shaped like the weight}``.
+    """
+    entry = get_method(method)
+    options = checked_options(method, options)
+    prunable(model, params)  # validate names against the caller's model
+    devices = [d for d in {p.device for p in model.parameters()} if d.type == "cuda"]
+    with torch.random.fork_rng(devices=devices):
+        work, targets = private_copy(model, params)
+        scores = entry.fn(work, targets, data, **options)
+    _check_scores(method, scores, targets)
+    return {name: scores[name].detach() for name in targets}
+
+
+def _check_scores(method: str, scores: dict, targets: dict) -> None:
+    if not isinstance(scores, dict) or set(scores) != set(targets):
+        got = sorted(scores) if isinstance(scores, dict) else type(scores).__name__
+        raise ValueError(f"method {method!r} must return scores for {sorted(targets)}, got {got}")
+    for name, (module, attr) in targets.items():
+        expected = tuple(original(module, attr).shape)
+        if tuple(scores[name].shape) != expected:
+            raise ValueError(
+                f"method {method!r}: score of {name} has shape {tuple(scores[name].shape)}, "
+                f"expected {expected}"
+            )

@@ -1,0 +1,224 @@
+"""The one error-feedback top-k core, used by ``sparsify_grads_``, ``TopK`` and the DDP
+hook alike.
+
+On flat vectors: the gradient ``g``, the residual ``r`` (error-feedback memory) and,
+with DGC's momentum correction, the local velocity ``u`` with factor ``m``::
+
+    u <- m u + g                  momentum correction (optional)
+    a  = r + u   (or r + g)       error feedback: add what was held back
+    S  = top_k(|a|)               gradsift.topk_indices: exact, lowest-index ties
+    g <- a on S, 0 elsewhere      what is applied (or sent)
+    r <- a with S zeroed          so that  g_new + r_new == a  exactly
+    u <- u with S zeroed          momentum factor masking
+
+Without error feedback ``a = g`` and the rest is dropped. References: Seide et al.
+2014; Stich et al., "Sparsified SGD with Memory" (NeurIPS 2018, arXiv:1809.07599);
+Lin et al., "Deep Gradient Compression" (ICLR 2018, arXiv:1712.01887), Sec. 3.2.
+
+Two implementations compute the same selection, as torch keeps ``_single_tensor_sgd``
+beside ``_multi_tensor_sgd``: ``_single_pass`` (whole-vector ops, any layout) and
+``_fused_chunked``, which adds, computes block keys and zeroes the gradient chunk by
+chunk while the chunk is in cache, about one pass over memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+from gradsift.budget import Budget, check_scope
+from gradsift.checks import check_float
+from gradsift.topk import (
+    BLOCK,
+    CHUNK,
+    block_key_dtype,
+    block_keys,
+    topk_from_block_keys,
+    topk_indices,
+)
+
+__all__ = ["Workspace", "sparsify_", "sparsify_grads_", "sparsify_tensors_"]
+
+
+class Workspace:
+    """Buffers the fused variant reuses across calls (fresh multi-MB buffers
+    page-fault on every call, which costs more than the work).
+
+    ``keys``: one block key per ``BLOCK`` elements; ``scratch``: a chunk of integer
+    bits, needed only without error feedback (with it, the gradient chunk about to
+    be zeroed lends its memory).
+    """
+
+    def __init__(self) -> None:
+        self.keys: torch.Tensor | None = None
+        self.scratch: torch.Tensor | None = None
+
+    def buffers(self, x: torch.Tensor, need_scratch: bool):
+        dtype = block_key_dtype(x.dtype)
+        n = x.numel() // BLOCK
+        if self.keys is None or self.keys.numel() != n or self.keys.dtype != dtype:
+            self.keys = torch.empty(n, dtype=dtype, device=x.device)
+        size = min(CHUNK, x.numel())
+        if need_scratch and (self.scratch is None or self.scratch.numel() < size):
+            self.scratch = torch.empty(size, dtype=dtype, device=x.device)
+        return self.keys, self.scratch if need_scratch else None
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.keys, self.scratch) if t is not None)
+
+
+@torch.no_grad()
+def sparsify_(
+    grad: torch.Tensor,
+    k: int,
+    *,
+    residual: torch.Tensor | None = None,
+    velocity: torch.Tensor | None = None,
+    momentum: float = 0.0,
+    workspace: Workspace | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keep the top-k of ``grad (+ residual)`` in ``grad``, in place (see module doc).
+
+    All tensors are flat, contiguous and alike in dtype and device. With a
+    ``workspace`` the fused chunked variant runs, else the single-pass one; both
+    give the same result. ``velocity`` (DGC) needs ``residual``.
+
+    Returns ``(indices, values)`` of the kept coordinates, indices ascending.
+    """
+    if velocity is not None and residual is None:
+        raise ValueError("momentum correction (velocity) needs error feedback (residual)")
+    if workspace is None:
+        src = _accumulate_(grad, residual, velocity, momentum)
+        idx = topk_indices(src, k)
+    else:
+        src = residual if residual is not None else grad
+        keys = _fused_accumulate_(grad, residual, velocity, momentum, workspace)
+        idx = topk_from_block_keys(src, k, keys)
+    # index_select / index_fill_ / index_copy_: on CPU several times faster than
+    # advanced indexing (``src[idx]``, ``r[idx] = 0``) for a few thousand indices
+    vals = torch.index_select(src, 0, idx)
+    if workspace is None or residual is None:  # the fused pass with a residual zeroed it
+        grad.zero_()
+    grad.index_copy_(0, idx, vals)
+    for state in (residual, velocity):
+        if state is not None:
+            state.index_fill_(0, idx, 0)
+    return idx, vals
+
+
+def _accumulate_(grad, residual, velocity, momentum) -> torch.Tensor:
+    """``_single_pass``: ``u = m u + g``, ``r += u or g``; returns the vector to select on."""
+    added = grad
+    if velocity is not None:
+        added = velocity.mul_(momentum).add_(grad)
+    if residual is None:
+        return grad
+    return residual.add_(added)
+
+
+def _fused_accumulate_(grad, residual, velocity, momentum, workspace: Workspace):
+    """``_fused_chunked``: the same updates as ``_accumulate_``, chunk by chunk, with the
+    block keys of the result computed while the chunk is in cache; with error
+    feedback the gradient chunk is then zeroed and lent as scratch. Returns the keys."""
+    keys, scratch = workspace.buffers(grad, need_scratch=residual is None)
+    src = grad if residual is None else residual
+    nbody = keys.numel() * BLOCK
+    key_dtype = block_key_dtype(grad.dtype)
+    for s in range(0, grad.numel(), CHUNK):
+        g = grad[s : s + CHUNK]
+        end = min(s + CHUNK, nbody)
+        if residual is not None:
+            added = g
+            if velocity is not None:
+                added = velocity[s : s + CHUNK].mul_(momentum).add_(g)
+            residual[s : s + CHUNK].add_(added)
+        if s < nbody:
+            bits = g.view(key_dtype) if residual is not None else scratch
+            block_keys(src[s:end], out=keys[s // BLOCK : end // BLOCK], scratch=bits)
+        if residual is not None:
+            g.zero_()
+    return keys
+
+
+def check_momentum_correction(m) -> float | None:
+    return None if m is None else check_float("momentum_correction", m, "[0, 1)")
+
+
+@torch.no_grad()
+def sparsify_grads_(
+    params: Iterable[torch.Tensor],
+    *,
+    k: int | None = None,
+    density: float | None = None,
+    residuals: list[torch.Tensor] | None = None,
+    scope: str = "global",
+    velocities: list[torch.Tensor] | None = None,
+    momentum_correction: float | None = None,
+) -> int:
+    """Keep only the top-k ``|grad (+ residual)|`` coordinates of ``params``, in place.
+
+    The functional core of ``TopK`` for people who write their own update. Parameters
+    whose ``grad`` is None are skipped (their residual is untouched). With
+    ``residuals`` (one tensor per parameter, like it), error feedback is applied:
+    ``a = grad + residual``, ``grad <- top_k(a)``, ``residual <- a - top_k(a)``. With
+    ``velocities`` and ``momentum_correction=m``, DGC's momentum correction too (see
+    ``gradsift.sparsify``). ``scope="layer"`` selects within each tensor.
+
+    Returns the number of coordinates kept.
+    """
+    budget = Budget(k=k, density=density)
+    scope = check_scope(scope)
+    m = check_momentum_correction(momentum_correction)
+    params = list(params)
+    for name, states in (("residuals", residuals), ("velocities", velocities)):
+        if states is not None and len(states) != len(params):
+            raise ValueError(f"{name} must match params: {len(states)} vs {len(params)}")
+    if (velocities is None) != (m is None):
+        raise ValueError("velocities= and momentum_correction= go together")
+
+    def state(states, i):
+        return None if states is None else states[i]
+
+    triples = [
+        (p.grad, state(residuals, i), state(velocities, i))
+        for i, p in enumerate(params)
+        if p.grad is not None
+    ]
+    return sparsify_tensors_(triples, budget, scope=scope, momentum=m or 0.0)
+
+
+def sparsify_tensors_(triples, budget: Budget, *, scope: str, momentum: float = 0.0) -> int:
+    """``sparsify_`` over ``(grad, residual or None, velocity or None)`` tensors of any
+    shapes and dtypes, globally (one concatenation) or per tensor; returns k kept."""
+    if not triples:
+        return 0
+    if scope == "layer":
+        return sum(_sparsify_concatenated_([t], budget, momentum) for t in triples)
+    devices = {g.device for g, _, _ in triples}
+    if len(devices) > 1:
+        raise ValueError(f"scope='global' needs one device, got {sorted(map(str, devices))}")
+    return _sparsify_concatenated_(triples, budget, momentum)
+
+
+def _sparsify_concatenated_(triples, budget: Budget, momentum: float) -> int:
+    dtype = triples[0][0].dtype
+    for g, _, _ in triples:
+        dtype = torch.promote_types(dtype, g.dtype)
+
+    def flat(j):
+        if triples[0][j] is None:
+            return None
+        return torch.cat([t[j].reshape(-1).to(dtype) for t in triples])
+
+    grad, residual, velocity = flat(0), flat(1), flat(2)
+    k = budget.resolve(grad.numel())
+    sparsify_(grad, k, residual=residual, velocity=velocity, momentum=momentum)
+    offset = 0
+    for triple in triples:
+        n = triple[0].numel()
+        for dst, src in zip(triple, (grad, residual, velocity)):
+            if dst is not None:
+                dst.copy_(src[offset : offset + n].view_as(dst))
+        offset += n
+    return k

@@ -1,0 +1,155 @@
+"""The command line end to end on tiny settings."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from gradsift.lab import cli, runs
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def test_demo_writes_table_json_and_png(tmp_path, capsys):
+    assert cli.main(["demo", "--out", str(tmp_path), "--epochs", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "test acc" in out and "synflow" in out
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert {r["method"] for r in data["runs"]} == {
+        "unpruned",
+        "grasp",
+        "magnitude",
+        "random",
+        "snip",
+        "synflow",
+    }
+    png = (tmp_path / "demo.png").read_bytes()
+    assert png.startswith(PNG) and len(png) > 1000
+
+
+def test_prune_command(tmp_path, capsys):
+    assert (
+        cli.main(
+            [
+                "prune",
+                "--method",
+                "synflow",
+                "--sparsity",
+                "0.5",
+                "--iterations",
+                "3",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["total"] - report["kept"] == round(0.5 * report["total"])
+    assert (tmp_path / "masks.pt").stat().st_size > 0
+    assert "features.0.weight" in capsys.readouterr().out
+
+
+def test_train_command(tmp_path):
+    assert (
+        cli.main(
+            [
+                "train",
+                "--method",
+                "snip",
+                "--sparsity",
+                "0.5",
+                "--epochs",
+                "1",
+                "--density",
+                "0.1",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
+    record = json.loads((tmp_path / "result.json").read_text())
+    assert record["grad_density"] == 0.1 and 0.0 <= record["test_accuracy"] <= 1.0
+
+
+def _sweep_args(tmp_path):
+    return [
+        "sweep",
+        "--methods",
+        "magnitude,random",
+        "--sparsities",
+        "0.5,0.8",
+        "--seeds",
+        "0",
+        "--epochs",
+        "1",
+        "--out",
+        str(tmp_path),
+    ]
+
+
+def test_sweep_resumes_and_plots(tmp_path, monkeypatch):
+    assert cli.main(_sweep_args(tmp_path)) == 0
+    first = json.loads((tmp_path / "results.json").read_text())["runs"]
+    assert len(first) == 4
+    png = (tmp_path / "accuracy_vs_sparsity.png").read_bytes()
+    assert png.startswith(PNG) and len(png) > 1000
+    calls = []
+    monkeypatch.setattr(runs, "run_one", lambda spec, **kw: calls.append(spec))
+    assert cli.main(_sweep_args(tmp_path)) == 0
+    assert calls == [], "finished runs must be skipped"
+
+
+def test_interrupted_sweep_leaves_valid_json(tmp_path, monkeypatch):
+    real = runs.run_one
+    count = []
+
+    def flaky(spec, **kw):
+        count.append(spec)
+        if len(count) == 2:
+            raise KeyboardInterrupt
+        return real(spec, **kw)
+
+    monkeypatch.setattr(runs, "run_one", flaky)
+    assert cli.main(_sweep_args(tmp_path)) == 130
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert len(data["runs"]) == 1
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    monkeypatch.setattr(runs, "run_one", real)
+    assert cli.main(_sweep_args(tmp_path)) == 0
+    assert len(json.loads((tmp_path / "results.json").read_text())["runs"]) == 4
+
+
+def test_bench_select_json(tmp_path, capsys):
+    path = tmp_path / "b.json"
+    assert (
+        cli.main(["bench", "select", "--sizes", "70000", "--repeats", "1", "--json", str(path)])
+        == 0
+    )
+    rows = json.loads(path.read_text())["rows"]
+    assert {r["k"] for r in rows} == {70, 700, 1000}
+    assert "topk/ours" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["train", "--sparsity", "1.5"], "sparsity must be in [0, 1)"),
+        (["train", "--density", "0"], "density must be in (0, 1]"),
+        (["train", "--model", "alexnet"], "invalid choice"),
+        (["prune", "--method", "l1"], "invalid choice"),
+        (["sweep", "--methods", "snip,l1"], "unknown ['l1']"),
+        (["train", "--dataset", "cifar10"], "needs --data-root"),
+        (["train", "--dataset", "cifar10", "--data-root", "/nonexistent"], "never downloads"),
+    ],
+)
+def test_bad_arguments_exit_2_with_one_line(argv, message):
+    proc = subprocess.run(
+        [sys.executable, "-m", "gradsift", *argv], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -1,0 +1,57 @@
+"""Datasets: the embedded digits, CIFAR from a local folder, random data."""
+
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+from gradsift.lab.data import cifar, digits, load_dataset, random_data
+
+
+def test_digits_split_is_fixed_and_disjoint():
+    a, b = digits(seed=0), digits(seed=0)
+    assert torch.equal(a.train.tensors[0], b.train.tensors[0])
+    assert len(a.train) + len(a.test) == 1797
+    assert a.input_shape == (1, 8, 8) and a.num_classes == 10
+    assert set(a.test.tensors[1].tolist()) == set(range(10))
+    train_rows = {tuple(r.flatten().tolist()) for r in a.train.tensors[0][:200]}
+    test_rows = [tuple(r.flatten().tolist()) for r in a.test.tensors[0]]
+    assert sum(r in train_rows for r in test_rows) < 5  # the source has a few duplicates
+    assert not torch.equal(digits(seed=1).test.tensors[1], a.test.tensors[1])
+
+
+def _fake_cifar(root, per_batch=4):
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        batch = {
+            b"data": rng.integers(0, 256, (per_batch, 3072), dtype=np.uint8),
+            b"labels": list(range(per_batch)),
+        }
+        with open(folder / name, "wb") as f:
+            pickle.dump(batch, f)
+
+
+def test_cifar_from_local_folder(tmp_path):
+    _fake_cifar(tmp_path)
+    ds = cifar(tmp_path, "cifar10")
+    assert len(ds.train) == 20 and len(ds.test) == 4
+    x, y = ds.train[0]
+    assert x.shape == (3, 32, 32) and y.item() == 0
+    assert ds.num_classes == 10
+
+
+def test_cifar_missing_says_where(tmp_path):
+    with pytest.raises(FileNotFoundError, match="cifar-10-batches-py"):
+        cifar(tmp_path)
+    with pytest.raises(ValueError, match="needs --data-root"):
+        load_dataset("cifar100")
+    with pytest.raises(ValueError, match="dataset must be one of"):
+        load_dataset("mnist")
+
+
+def test_random_data_is_class_balanced():
+    ds = random_data((3, 4, 4), num_classes=5, per_class=3)
+    assert torch.bincount(ds.train.tensors[1]).tolist() == [3] * 5

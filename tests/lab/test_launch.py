@@ -1,0 +1,95 @@
+"""Data-parallel runs end to end: ``gradsift train --nproc 2`` (2 gloo processes),
+its checkpoint/resume, and the torchrun path; every process under a deadline."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import torch
+
+from gradsift.lab import checkpoint
+
+DEADLINE_S = 240
+TRAIN = ["train", "--model", "lenet5", "--method", "snip", "--sparsity", "0.5", "--density", "0.05"]
+
+
+def gradsift(*args, timeout=DEADLINE_S):
+    proc = subprocess.run(
+        [sys.executable, "-m", "gradsift", *args], capture_output=True, text=True, timeout=timeout
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def test_train_nproc_2_writes_one_record(tmp_path):
+    gradsift(*TRAIN, "--epochs", "1", "--nproc", "2", "--out", str(tmp_path))
+    record = json.loads((tmp_path / "result.json").read_text())
+    assert record["world_size"] == 2 and record["method"] == "snip"
+    # 11 steps, 2 of them dense warm-up: well above 1, far below a compressed step's 33
+    assert record["compression_ratio"] > 2 and 0.0 <= record["test_accuracy"] <= 1.0
+    assert len(record["history"]) == 1
+
+
+def _interrupt_after_first_checkpoint(args, directory):
+    """Start ``gradsift args``; kill its whole process group once a checkpoint exists."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gradsift", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + DEADLINE_S
+    path = directory / checkpoint.FILENAME
+    try:
+        while not path.exists():
+            assert proc.poll() is None, "the run ended before its first checkpoint"
+            assert time.monotonic() < deadline, "no checkpoint within the deadline"
+            time.sleep(0.005)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def test_data_parallel_resume_equals_uninterrupted(tmp_path):
+    args = [*TRAIN, "--epochs", "3", "--batch-size", "8", "--nproc", "2"]
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    gradsift(*args, "--checkpoint", str(full))
+    _interrupt_after_first_checkpoint([*args, "--checkpoint", str(cut)], cut)
+    interrupted = torch.load(cut / checkpoint.FILENAME, weights_only=True)
+    assert interrupted["epoch"] < 3, "the run must have been cut short"
+    gradsift(*args, "--checkpoint", str(cut))
+    a = torch.load(full / checkpoint.FILENAME, weights_only=True)
+    b = torch.load(cut / checkpoint.FILENAME, weights_only=True)
+    assert a["epoch"] == b["epoch"] == 3
+    for key, value in a["model"].items():
+        assert torch.equal(value, b["model"][key]), key
+    for ra, rb in zip(a["ranks"], b["ranks"]):
+        assert ra["hook"]["residuals"].keys() == rb["hook"]["residuals"].keys()
+        for key, r in ra["hook"]["residuals"].items():
+            assert torch.equal(r, rb["hook"]["residuals"][key])
+    assert [h["accuracy"] for h in a["history"]] == [h["accuracy"] for h in b["history"]]
+
+
+def test_torchrun_path(tmp_path):
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "gradsift",
+        ]
+        + [*TRAIN, "--epochs", "1", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE_S,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = json.loads((tmp_path / "result.json").read_text())
+    assert record["world_size"] == 2 and record["compression_ratio"] > 2

@@ -1,0 +1,48 @@
+"""The --quick form of every study runs and writes valid JSON, Markdown and a PNG."""
+
+import json
+
+import pytest
+
+from gradsift.lab import cli
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("study", ["collapse", "accuracy", "topk", "speed"])
+def test_quick_study(study, tmp_path, capsys):
+    assert cli.main(["experiment", study, "--quick", "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / f"{study}.json").read_text())
+    assert data["study"] == study and data["quick"] is True
+    assert data["command"] == f"gradsift experiment {study} --quick --out {tmp_path}"
+    md = (tmp_path / f"{study}.md").read_text()
+    tables = 4 if study == "speed" else 1  # speed: select, step, score and ddp
+    assert sum(line.startswith("|---") for line in md.splitlines()) == tables
+    png = next(tmp_path.glob("*.png")).read_bytes()
+    assert png.startswith(PNG) and len(png) > 1000
+    if study == "collapse":
+        rows = data["rows"]
+        # the guard keeps every layer alive at every compression
+        assert not any(r["collapsed_layers"] for r in rows if r["guard"])
+        assert any(r["collapsed_layers"] for r in rows if not r["guard"])
+        top = max(r["log10_compression"] for r in rows)
+        assert all(s["guarded"] == top for s in data["summary"])
+    if study == "accuracy":
+        keys = {(r["method"], r["sparsity"], r["shuffle"]) for r in data["runs"]}
+        assert len(keys) == 5 * 2 * 2
+    if study == "speed":
+        assert data["select"] and data["step"] and data["score"] and data["ddp"]
+        assert {r["method"] for r in data["score"]} == {"reference", "ours"}
+        assert [r["density"] for r in data["ddp"]] == [None, 0.01, 0.001]
+        assert all(r["step_ms"] > 0 for r in data["ddp"])
+        assert all(r["topk_ef_ms"] > 0 for r in data["step"])
+    if study == "topk":
+        assert {(r["grad_density"], r["error_feedback"]) for r in data["runs"]} == {
+            (1.0, True),
+            (0.1, True),
+            (0.1, False),
+            (0.01, True),
+            (0.01, False),
+            (0.001, True),
+            (0.001, False),
+        }

@@ -1,0 +1,41 @@
+"""Training loop: top-k with error feedback converges on the embedded digits."""
+
+import pytest
+import torch
+
+from gradsift import TopK
+from gradsift.lab.data import digits
+from gradsift.lab.models import build_model
+from gradsift.lab.runs import RunSpec, run_one
+from gradsift.lab.training import TrainConfig, evaluate, make_optimizer, train
+
+
+def _acc(density, ef):
+    spec = RunSpec(
+        model="mlp", seed=0, train=TrainConfig(epochs=10, density=density, error_feedback=ef)
+    )
+    return run_one(spec)["test_accuracy"]
+
+
+def test_topk_with_error_feedback_matches_dense_on_digits():
+    dense = _acc(None, True)
+    sparse_ef = _acc(0.01, True)
+    sparse_no_ef = _acc(0.01, False)
+    assert dense > 0.9
+    assert sparse_ef >= dense - 0.02, (sparse_ef, dense)
+    assert sparse_ef > sparse_no_ef, (sparse_ef, sparse_no_ef)
+
+
+def test_make_optimizer_wraps_only_when_sparse():
+    model = build_model("mlp", input_shape=(1, 8, 8), num_classes=10)
+    assert isinstance(make_optimizer(model, TrainConfig(density=0.1)), TopK)
+    assert isinstance(make_optimizer(model, TrainConfig()), torch.optim.SGD)
+
+
+def test_evaluate_restores_mode_and_bad_schedule():
+    ds = digits()
+    model = build_model("lenet5", input_shape=ds.input_shape, num_classes=10).train()
+    metrics = evaluate(model, ds.test)
+    assert model.training and 0.0 <= metrics["accuracy"] <= 1.0
+    with pytest.raises(ValueError, match="schedule"):
+        train(model, ds.train, ds.test, TrainConfig(epochs=1, schedule="step"))

@@ -1,0 +1,64 @@
+"""SynFlow against its closed form and conservation law."""
+
+import pytest
+import torch
+from torch import nn
+
+import gradsift
+from gradsift.lab.models import VGG
+from gradsift.pruning.methods.synflow import synflow_rescorer
+from pruning_support import mlp
+
+
+def closed_form(model):
+    """R = 1ᵀ |W_L| ... |W_1| 1 for a bias-free linear chain."""
+    weights = [m.weight.detach().abs() for m in model if isinstance(m, nn.Linear)]
+    v = torch.ones(weights[0].shape[1], dtype=torch.float64)
+    for w in weights:
+        v = w @ v
+    return v.sum()
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_synflow_conservation_closed_form(bias):
+    # with default (non-zero) biases too: biases carry no flow in the linearised copy
+    model = mlp(bias=bias)
+    scores = gradsift.score(model, "synflow", input_shape=(12,))
+    r = closed_form(model)
+    for name, s in scores.items():
+        torch.testing.assert_close(s.sum(), r, rtol=1e-10, atol=0, msg=name)
+        assert (s >= 0).all()
+
+
+def test_synflow_conservation_with_batchnorm_vgg():
+    torch.manual_seed(0)
+    model = VGG(11, input_shape=(3, 8, 8), num_classes=10, batch_norm=True)
+    model.train()  # scoring uses eval mode on the copy, whatever the caller's mode
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_var.uniform_(0.5, 2.0)
+                m.running_mean.uniform_(-1, 1)
+                m.bias.uniform_(-1, 1)
+    scores = gradsift.score(model, "synflow", input_shape=(3, 8, 8))
+    sums = torch.stack([s.sum() for s in scores.values()])
+    torch.testing.assert_close(sums, sums[0].expand_as(sums), rtol=1e-9, atol=0)
+    assert model.training
+
+
+def test_synflow_needs_shape():
+    with pytest.raises(ValueError, match="input_shape"):
+        gradsift.score(mlp(), "synflow")
+
+
+def test_synflow_rescorer_equals_scoring_the_masked_model():
+    model = mlp()
+    rescore = synflow_rescorer(model, input_shape=(12,))
+    first = rescore(None)
+    masks = gradsift.masks_from_scores(first, 0.6)
+    gradsift.apply_masks_(model, masks)
+    again = rescore(masks)
+    expected = gradsift.score(model, "synflow", input_shape=(12,))
+    for n in expected:
+        torch.testing.assert_close(again[n], expected[n], rtol=1e-12, atol=0)
+        assert (again[n][masks[n] == 0] == 0).all()

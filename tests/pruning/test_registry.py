@@ -1,0 +1,60 @@
+"""The criteria registry: names, options, defaults, and a user's own criterion."""
+
+import pytest
+import torch
+
+import gradsift
+from gradsift.pruning import method_options, register_method, supported_options
+from gradsift.pruning.params import effective
+from gradsift.pruning.registry import _METHODS
+from pruning_support import mlp
+
+
+def test_list_and_errors():
+    assert gradsift.list_methods() == ["grasp", "magnitude", "random", "snip", "synflow"]
+    with pytest.raises(ValueError, match="needs data"):
+        gradsift.score(mlp(), "snip")
+    with pytest.raises(ValueError, match="method must be one of"):
+        gradsift.score(mlp(), "l1")
+    with pytest.raises(TypeError, match="unknown options"):
+        gradsift.score(mlp(), "magnitude", temperature=3)
+    assert "samples_per_class" in method_options("grasp")
+    assert supported_options("random", seed=3, num_classes=10) == {"seed": 3}
+    assert supported_options("grasp", seed=3, num_classes=10) == {"num_classes": 10}
+
+
+@pytest.fixture
+def square_method():
+    def squared(model, targets, data=None, *, power: int = 2):
+        return {name: effective(m, a).abs() ** power for name, (m, a) in targets.items()}
+
+    register_method("squared", squared, defaults={"power": 4})
+    yield squared
+    del _METHODS["squared"]
+
+
+def test_a_user_criterion_plugs_in(square_method):
+    model = mlp()
+    assert "squared" in gradsift.list_methods()
+    scores = gradsift.score(model, "squared")
+    torch.testing.assert_close(scores["1.weight"], model[1].weight.abs() ** 4)  # its default
+    scores = gradsift.score(model, "squared", power=1)
+    torch.testing.assert_close(scores["1.weight"], model[1].weight.abs())
+    masks = gradsift.prune_at_init(model, "squared", 0.5)
+    total = sum(m.numel() for m in masks.values())
+    assert sum(int(m.sum()) for m in masks.values()) == total - round(0.5 * total)
+    with pytest.raises(ValueError, match="already registered"):
+        register_method("squared", square_method)
+
+
+def test_register_validates():
+    with pytest.raises(ValueError, match="not keyword-only options"):
+        register_method("bad", lambda model, targets, data=None: {}, defaults={"x": 1})
+    with pytest.raises(TypeError, match="callable"):
+        register_method("bad", 3)
+    register_method("broken", lambda model, targets, data=None: {"nope": torch.ones(1)})
+    try:
+        with pytest.raises(ValueError, match="must return scores for"):
+            gradsift.score(mlp(), "broken")
+    finally:
+        del _METHODS["broken"]

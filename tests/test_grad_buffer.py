@@ -1,0 +1,50 @@
+"""The flat gradient buffer: views, foreign gradients, missing gradients, state."""
+
+import torch
+from torch import nn
+
+from gradsift.grad_buffer import build_buckets
+
+
+def params(dtype=torch.float32):
+    gen = torch.Generator().manual_seed(0)
+    return [
+        nn.Parameter(torch.randn(s, generator=gen, dtype=dtype)) for s in [(3, 4), (5,), (2, 2)]
+    ]
+
+
+def test_grads_become_views_and_backward_fills_the_buffer():
+    ps = params()
+    ps[1].grad = torch.full((5,), 2.0)  # an existing gradient is kept
+    [bucket] = build_buckets(ps, state=("residual",))
+    assert bucket.grad.numel() == 21 and bucket.offsets == [0, 12, 17]
+    assert torch.equal(bucket.grad[12:17], torch.full((5,), 2.0))
+    assert all(bucket.owns_grad(i) for i in range(3))
+    (ps[0].sum() + 3 * ps[2].sum()).backward()
+    assert torch.equal(bucket.grad[:12], torch.ones(12))  # accumulated in place
+    assert torch.equal(bucket.grad[17:], torch.full((4,), 3.0))
+    assert set(bucket.state) == {"residual"} and not bucket.state["residual"].any()
+    assert bucket.view(bucket.state["residual"], 2).shape == (2, 2)
+
+
+def test_attach_copies_foreign_grads_and_reports_missing_ones():
+    ps = params()
+    [bucket] = build_buckets(ps)
+    assert bucket.attach_grads_()
+    foreign = torch.arange(5.0)
+    ps[1].grad = foreign  # assigned: no longer the view
+    ps[2].grad = None
+    bucket.grad[17:] = 9.0  # stale values under the missing gradient
+    assert not bucket.owns_grad(1)
+    assert not bucket.attach_grads_()
+    assert bucket.owns_grad(1) and torch.equal(bucket.grad[12:17], foreign)
+    assert ps[2].grad is None and not bucket.grad[17:].any()
+
+
+def test_buckets_group_by_dtype_and_notice_a_changed_dtype():
+    a, b = params(torch.float32), params(torch.float64)
+    buckets = build_buckets(a + b)
+    assert [x.grad.dtype for x in buckets] == [torch.float32, torch.float64]
+    assert all(x.matches() for x in buckets)
+    a[0].data = a[0].data.double()
+    assert not buckets[0].matches() and buckets[1].matches()

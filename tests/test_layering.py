@@ -1,0 +1,66 @@
+"""The package's shape: the library never imports the lab, no module is named after a
+standard-library module, and modules and functions stay small enough to read."""
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "gradsift"
+MODULES = sorted(SRC.rglob("*.py"))
+# ``python -m gradsift`` is the command line: __main__ belongs with the lab
+LIBRARY = [p for p in MODULES if "lab" not in p.relative_to(SRC).parts and p.stem != "__main__"]
+MAX_MODULE_LINES = 300
+MAX_FUNCTION_LINES = 60  # of code: a docstring is read apart from it
+
+
+def _imports(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+            names |= {f"{node.module}.{a.name}" for a in node.names}
+    return names
+
+
+def test_the_scan_sees_both_halves():
+    assert len(LIBRARY) > 10 and len(MODULES) - len(LIBRARY) > 10
+
+
+@pytest.mark.parametrize("path", LIBRARY, ids=lambda p: str(p.relative_to(SRC)))
+def test_library_never_imports_the_lab(path):
+    lab = sorted(n for n in _imports(path) if n == "gradsift.lab" or n.startswith("gradsift.lab."))
+    assert not lab, f"{path.name} imports {lab}"
+
+
+def test_library_import_loads_no_lab_module():
+    import subprocess
+
+    code = (
+        "import gradsift, gradsift.distributed, sys; "
+        "print(sorted(m for m in sys.modules if m.startswith('gradsift.lab')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(SRC)))
+def test_no_module_shadows_the_standard_library(path):
+    assert path.stem not in sys.stdlib_module_names, path
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(SRC)))
+def test_modules_and_functions_are_small(path):
+    text = path.read_text()
+    assert len(text.splitlines()) <= MAX_MODULE_LINES, (
+        f"{path.name}: {len(text.splitlines())} lines"
+    )
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            length = node.end_lineno - node.lineno + 1
+            if ast.get_docstring(node) is not None:
+                length -= node.body[0].end_lineno - node.body[0].lineno + 1
+            assert length <= MAX_FUNCTION_LINES, f"{path.name}:{node.name} is {length} lines"

@@ -1,0 +1,48 @@
+"""The public names users and scripts rely on: each exists and is what it claims."""
+
+import inspect
+
+import torch
+
+import gradsift
+import gradsift.distributed
+
+LIBRARY = [
+    "TopK",
+    "__version__",
+    "apply_masks_",
+    "list_methods",
+    "masks_from_scores",
+    "prune_at_init",
+    "register_method",
+    "score",
+    "shuffle_masks",
+    "sparsify_grads_",
+    "sparsity_report",
+    "topk_indices",
+]
+
+
+def test_library_names():
+    assert sorted(gradsift.__all__) == sorted(LIBRARY)
+    for name in LIBRARY:
+        assert getattr(gradsift, name) is not None, name
+    assert issubclass(gradsift.TopK, torch.optim.Optimizer)
+    assert gradsift.list_methods() == ["grasp", "magnitude", "random", "snip", "synflow"]
+    for fn in ("topk_indices", "score", "prune_at_init", "sparsify_grads_", "masks_from_scores"):
+        assert callable(getattr(gradsift, fn)), fn
+    params = inspect.signature(gradsift.TopK).parameters
+    assert [n for n, p in params.items() if p.kind is p.KEYWORD_ONLY] == [
+        "k",
+        "density",
+        "error_feedback",
+        "scope",
+        "momentum_correction",
+    ]
+
+
+def test_distributed_names():
+    assert sorted(gradsift.distributed.__all__) == ["TopKHookState", "compress_", "topk_hook"]
+    state = gradsift.distributed.TopKHookState(density=0.1)
+    assert state.density == 0.1 and state.k is None
+    assert callable(gradsift.distributed.topk_hook)

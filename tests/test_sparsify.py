@@ -1,0 +1,94 @@
+"""The one error-feedback core: the fused chunked variant equals the single-pass one,
+mass is conserved exactly, and DGC's momentum correction matches a transcription."""
+
+import pytest
+import torch
+
+from gradsift import sparsify_grads_
+from gradsift.sparsify import Workspace, sparsify_
+
+
+def _vectors(n, seed, dtype):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(n, generator=gen, dtype=dtype) for _ in range(3)]
+
+
+@pytest.mark.parametrize("n", [1000, 70_001, 300_007])  # dense path, sampled paths + tails
+@pytest.mark.parametrize("k_frac", [0.001, 0.03])  # block-key path, direct path
+@pytest.mark.parametrize("state", ["none", "residual", "velocity"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_fused_equals_single_pass(n, k_frac, state, dtype):
+    k = max(1, int(k_frac * n))
+    g, r, u = _vectors(n, n, dtype)
+    runs = []
+    for workspace in (None, Workspace()):
+        grad = g.clone()
+        residual = None if state == "none" else r.clone()
+        velocity = u.clone() if state == "velocity" else None
+        idx, vals = sparsify_(
+            grad, k, residual=residual, velocity=velocity, momentum=0.9, workspace=workspace
+        )
+        runs.append((idx, vals, grad, residual, velocity))
+    for a, b in zip(*runs):
+        assert (a is None and b is None) or torch.equal(a, b)
+
+
+@pytest.mark.parametrize("workspace", [None, Workspace()])
+def test_conservation_is_exact(workspace):
+    g, r, _ = _vectors(200_000, 1, torch.float32)
+    total = r + g  # the one rounding: the error-feedback add itself
+    grad, residual = g.clone(), r.clone()
+    idx, vals = sparsify_(grad, 500, residual=residual, workspace=workspace)
+    assert torch.equal(grad + residual, total)  # disjoint supports: no rounding
+    assert int(torch.count_nonzero(grad)) == 500 and torch.equal(grad[idx], vals)
+    assert not residual[idx].any()
+    order = torch.sort(-total.abs(), stable=True).indices[:500]
+    assert torch.equal(torch.sort(order).values, idx)
+
+
+def test_velocity_needs_residual():
+    g = torch.randn(10)
+    with pytest.raises(ValueError, match="needs error feedback"):
+        sparsify_(g, 2, velocity=torch.zeros(10), momentum=0.9)
+
+
+def test_sparsify_grads_momentum_matches_dgc_transcription():
+    """Lin et al. 2018 Alg. 1: u = m u + g; v = v + u; send top-k(v); zero v and u there."""
+    gen = torch.Generator().manual_seed(0)
+    shapes, k, m = [(6, 5), (7,)], 4, 0.9
+    params = [torch.nn.Parameter(torch.zeros(s, dtype=torch.float64)) for s in shapes]
+    residuals = [torch.zeros_like(p) for p in params]
+    velocities = [torch.zeros_like(p) for p in params]
+    u = torch.zeros(37, dtype=torch.float64)
+    v = torch.zeros(37, dtype=torch.float64)
+    for _ in range(5):
+        grads = [torch.randn(s, generator=gen, dtype=torch.float64) for s in shapes]
+        for p, g in zip(params, grads):
+            p.grad = g.clone()
+        sparsify_grads_(
+            params, k=k, residuals=residuals, velocities=velocities, momentum_correction=m
+        )
+        u = m * u + torch.cat([g.reshape(-1) for g in grads])
+        v = v + u
+        order = torch.sort(-v.abs(), stable=True).indices[:k]
+        send = torch.zeros_like(v)
+        send[order] = v[order]
+        v[order] = 0
+        u[order] = 0
+        got = torch.cat([p.grad.reshape(-1) for p in params])
+        torch.testing.assert_close(got, send, rtol=0, atol=0)
+        torch.testing.assert_close(torch.cat([r.reshape(-1) for r in residuals]), v, rtol=0, atol=0)
+        torch.testing.assert_close(
+            torch.cat([x.reshape(-1) for x in velocities]), u, rtol=0, atol=0
+        )
+
+
+def test_sparsify_grads_arguments():
+    p = torch.nn.Parameter(torch.zeros(4))
+    p.grad = torch.tensor([1.0, -3.0, 2.0, 0.5])
+    with pytest.raises(ValueError, match="go together"):
+        sparsify_grads_([p], k=1, residuals=[torch.zeros(4)], momentum_correction=0.9)
+    with pytest.raises(ValueError, match="residuals must match"):
+        sparsify_grads_([p], k=1, residuals=[])
+    assert sparsify_grads_([p], k=2) == 2
+    assert p.grad.tolist() == [0.0, -3.0, 2.0, 0.0]
