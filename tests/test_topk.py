@@ -279,3 +279,12 @@ def test_plateau_at_the_cut_reads_only_what_it_keeps(monkeypatch, k):
     )
     check(x, k)
     assert seen == [], "fewer than k keys above the cut: no exact stage over candidates"
+
+
+def test_numpy_and_tensor_integers_are_accepted_as_k():
+    import numpy as np
+
+    x = torch.randn(100, generator=torch.Generator().manual_seed(7))
+    expected = topk_indices(x, 3)
+    assert torch.equal(topk_indices(x, np.int64(3)), expected)
+    assert torch.equal(topk_indices(x, torch.tensor(3)), expected)

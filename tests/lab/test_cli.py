@@ -153,3 +153,75 @@ def test_bad_arguments_exit_2_with_one_line(argv, message):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def run_cli(argv, capsys):
+    """``gradsift argv`` in this process: (exit code, stderr lines)."""
+    try:
+        code = cli.main(argv)
+    except SystemExit as exc:  # argparse exits itself
+        code = exc.code
+    return code, capsys.readouterr().err.strip().splitlines()
+
+
+def _cifar_folder(root, content: bytes):
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir()
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        (folder / name).write_bytes(content)
+    return str(root)
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"this is not a pickle", "data_batch_1"),
+        (b"", "data_batch_1"),
+        (__import__("pickle").dumps([1, 2, 3]), "data_batch_1"),
+        (__import__("pickle").dumps({b"labels": [0]}), "data_batch_1"),
+    ],
+    ids=["garbage", "empty", "list", "no-data"],
+)
+def test_bad_cifar_folder_is_one_line_naming_the_file(tmp_path, capsys, content, message):
+    root = _cifar_folder(tmp_path, content)
+    code, err = run_cli(
+        ["prune", "--method", "magnitude", "--dataset", "cifar10", "--data-root", root], capsys
+    )
+    assert code == 2 and len(err) == 1 and message in err[0] and "CIFAR" in err[0], err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["train", "--device", "bogus"], "--device"),
+        (["train", "--device", "cuda"], "CUDA"),
+        (["bench", "select", "--sizes", "10,-5"], "positive integer"),
+        (["train", "--lr", "nan"], "lr must be in (0, inf)"),
+        (["train", "--lr", "-1"], "lr must be in (0, inf)"),
+    ],
+)
+def test_more_bad_arguments_exit_2_with_one_line(argv, message, capsys):
+    code, err = run_cli(argv, capsys)
+    assert code == 2 and len(err) == 1 and message in err[0], err
+
+
+@pytest.mark.parametrize("content", ['{"runs": [', "[1, 2]", '{"runs": 3}'])
+def test_bad_results_file_names_it(tmp_path, capsys, content):
+    (tmp_path / "results.json").write_text(content)
+    code, err = run_cli(_sweep_args(tmp_path), capsys)
+    assert code == 2 and len(err) == 1 and str(tmp_path / "results.json") in err[0], err
+
+
+def test_verbose_after_the_subcommand_and_defaults_in_help(capsys, tmp_path):
+    args = cli.build_parser().parse_args(["prune", "--method", "snip", "-v"])
+    assert args.verbose
+    assert not cli.build_parser().parse_args(["prune", "--method", "snip"]).verbose
+    assert cli.build_parser().parse_args(["-v", "prune", "--method", "snip"]).verbose
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["train", "--help"])
+    assert "(default: 0.05)" in capsys.readouterr().out
+
+
+def test_sweep_singular_flags_are_used_not_ignored():
+    args = cli.build_parser().parse_args(["sweep", "--method", "snip", "--sparsity", "0.7"])
+    assert args.methods == ["snip"] and args.sparsities == [0.7]

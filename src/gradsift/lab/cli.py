@@ -15,8 +15,22 @@ from gradsift.lab import commands
 __all__ = ["main", "build_parser"]
 
 
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    """Defaults in ``--help``, except None and on/off flags (where they only confuse)."""
+
+    def _get_help_string(self, action):
+        if action.default is None or isinstance(action.default, bool):
+            return action.help
+        return super()._get_help_string(action)
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse with a one-line error (exit code 2) instead of usage + message."""
+    """argparse with a one-line error (exit code 2) instead of usage + message, the
+    defaults in ``--help``, and ``-v`` accepted after the subcommand too."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", _Help)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message}\n")
@@ -64,38 +78,68 @@ def _list_of(parse):
 
 _sparsity = _number("sparsity", "[0, 1)")
 _density = _number("density", "(0, 1]")
+_lr = _number("lr", "(0, inf)")
 
 
-def _add_common(p: argparse.ArgumentParser, *, method_required: bool = False) -> None:
+def _device(text: str) -> str:
+    """A device this torch can use: ``cpu``, ``cuda``, ``cuda:1`` ..."""
+    import torch
+
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(
+            f"not a torch device: {text!r} (cpu, cuda, cuda:0, ...)"
+        ) from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: CUDA is not available (this torch build or machine has no GPU)"
+        )
+    if device.type not in ("cpu", "cuda"):
+        raise argparse.ArgumentTypeError(f"{text!r}: gradsift runs on cpu or cuda devices")
+    return text
+
+
+def _command(sub, name: str, help: str) -> argparse.ArgumentParser:  # noqa: A002
+    """A subcommand; ``-v`` works after it too (SUPPRESS: it never resets the top one)."""
+    p = sub.add_parser(name, help=help)
+    p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS)
+    return p
+
+
+def _add_common(
+    p: argparse.ArgumentParser, *, method_required: bool = False, sweep: bool = False
+) -> None:
     from gradsift import list_methods
     from gradsift.lab.data import list_datasets
     from gradsift.lab.models import list_models
 
-    p.add_argument("--model", default="lenet5", choices=list_models())
-    p.add_argument("--dataset", default="digits", choices=list_datasets())
+    p.add_argument("--model", default="lenet5", choices=list_models(), help="network")
+    p.add_argument("--dataset", default="digits", choices=list_datasets(), help="data set")
     p.add_argument("--data-root", help="folder holding cifar-10-batches-py/ etc.")
-    p.add_argument(
-        "--method",
-        required=method_required,
-        choices=list_methods(),
-        help="pruning-at-init method (default: no pruning)",
-    )
-    p.add_argument("--sparsity", type=_sparsity, default=0.9, help="fraction pruned")
+    if not sweep:  # a sweep takes --methods and --sparsities (the singular as aliases)
+        p.add_argument(
+            "--method",
+            required=method_required,
+            choices=list_methods(),
+            help="pruning-at-init method (default: no pruning)",
+        )
+        p.add_argument("--sparsity", type=_sparsity, default=0.9, help="fraction pruned")
     p.add_argument(
         "--iterations",
         type=_positive_int,
         default=1,
         help="prune in this many rounds (SynFlow uses 100)",
     )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--seed", type=int, default=0, help="seeds the model, data order, pruning")
+    p.add_argument("--device", type=_device, default="cpu", help="cpu or cuda (NCCL with --nproc)")
     p.add_argument("--out", help="output folder")
 
 
 def _add_training(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--epochs", type=_positive_int, default=10)
-    p.add_argument("--batch-size", type=_positive_int, default=64)
-    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--epochs", type=_positive_int, default=10, help="training epochs")
+    p.add_argument("--batch-size", type=_positive_int, default=64, help="per process")
+    p.add_argument("--lr", type=_lr, default=0.05, help="SGD learning rate (cosine schedule)")
     p.add_argument(
         "--density",
         type=_density,
@@ -111,21 +155,21 @@ def _add_training(p: argparse.ArgumentParser) -> None:
 
 
 def _demo_parser(sub) -> None:
-    d = sub.add_parser("demo", help="the main job: prune + top-k train on digits")
+    d = _command(sub, "demo", help="the main job: prune + top-k train on digits")
     d.add_argument("--out", default="gradsift-demo", help="output folder")
-    d.add_argument("--sparsity", type=_sparsity, default=0.9)
-    d.add_argument("--density", type=_density, default=0.01)
-    d.add_argument("--epochs", type=_positive_int, default=20)
-    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--sparsity", type=_sparsity, default=0.9, help="fraction pruned at init")
+    d.add_argument("--density", type=_density, default=0.01, help="gradient density")
+    d.add_argument("--epochs", type=_positive_int, default=20, help="training epochs")
+    d.add_argument("--seed", type=int, default=0, help="seeds everything")
     d.set_defaults(func=commands.demo)
 
 
 def _train_parsers(sub) -> None:
-    p = sub.add_parser("prune", help="prune a model at init and report per-layer density")
+    p = _command(sub, "prune", help="prune a model at init and report per-layer density")
     _add_common(p, method_required=True)
     p.set_defaults(func=commands.prune)
 
-    t = sub.add_parser("train", help="(prune and) train one model")
+    t = _command(sub, "train", help="(prune and) train one model")
     _add_common(t)
     _add_training(t)
     t.add_argument(
@@ -138,14 +182,24 @@ def _train_parsers(sub) -> None:
     )
     t.set_defaults(func=commands.train)
 
-    w = sub.add_parser("sweep", help="methods x sparsities x seeds, resumable")
-    _add_common(w)
+    w = _command(sub, "sweep", help="methods x sparsities x seeds, resumable")
+    _add_common(w, sweep=True)
     _add_training(w)
     w.add_argument(
-        "--methods", type=_list_of(str), default=None, help="comma-separated methods (default: all)"
+        "--methods",
+        "--method",
+        type=_list_of(str),
+        default=None,
+        help="comma-separated methods (default: all)",
     )
-    w.add_argument("--sparsities", type=_list_of(_sparsity), default=[0.5, 0.9, 0.98])
-    w.add_argument("--seeds", type=_list_of(int), default=[0, 1, 2])
+    w.add_argument(
+        "--sparsities",
+        "--sparsity",
+        type=_list_of(_sparsity),
+        default=[0.5, 0.9, 0.98],
+        help="comma-separated",
+    )
+    w.add_argument("--seeds", type=_list_of(int), default=[0, 1, 2], help="comma-separated")
     w.add_argument(
         "--shuffle", action="store_true", help="also run each with layer-wise shuffled masks"
     )
@@ -156,13 +210,13 @@ def _study_parsers(sub) -> None:
     from gradsift.lab.bench import BENCHES
     from gradsift.lab.studies import STUDIES
 
-    e = sub.add_parser("experiment", help="regenerate a study of docs/results.md")
+    e = _command(sub, "experiment", help="regenerate a study of docs/results.md")
     e.add_argument("study", choices=list(STUDIES))
     e.add_argument("--quick", action="store_true", help="a reduced form (for tests)")
     e.add_argument("--out", default="docs/results", help="output folder")
     e.set_defaults(func=commands.experiment)
 
-    b = sub.add_parser("bench", help="measure speed as ratios against baselines")
+    b = _command(sub, "bench", help="measure speed as ratios against baselines")
     b.add_argument("what", choices=list(BENCHES), help="what to benchmark")
     b.add_argument("--repeats", type=_positive_int, default=7, help="timed calls per entry")
     b.add_argument(

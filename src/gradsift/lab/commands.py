@@ -39,8 +39,8 @@ def _spec(args: argparse.Namespace, **overrides):
     fields = dict(
         model=args.model,
         dataset=args.dataset,
-        method=args.method,
-        sparsity=args.sparsity if args.method else 0.0,
+        method=getattr(args, "method", None),  # a sweep names methods in overrides
+        sparsity=getattr(args, "sparsity", 0.0) if getattr(args, "method", None) else 0.0,
         iterations=args.iterations,
         seed=args.seed,
         train=cfg,

@@ -70,13 +70,35 @@ _MEAN = torch.tensor([0.4914, 0.4822, 0.4465]).view(1, 3, 1, 1)
 _STD = torch.tensor([0.2470, 0.2435, 0.2616]).view(1, 3, 1, 1)
 
 
+def _read_batch(path: Path, label_key: bytes):
+    """One CIFAR python-pickle batch: ``(uint8 images (n, 3, 32, 32), labels)``.
+
+    A file that is not such a batch (garbage, empty, another pickle) is a
+    ``ValueError`` naming it, never a traceback from deep inside ``pickle``.
+    """
+    try:
+        with open(path, "rb") as f:
+            batch = pickle.load(f, encoding="bytes")
+        images = np.asarray(batch[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32)
+        labels = list(batch[label_key])
+    except OSError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - whatever the bytes were, the same message
+        raise ValueError(
+            f"{path} is not a CIFAR python-pickle batch (a dict with {b'data'!r} and "
+            f"{label_key!r}): {type(exc).__name__}: {exc}"
+        ) from None
+    if len(labels) != len(images):
+        raise ValueError(f"{path}: {len(images)} images but {len(labels)} labels")
+    return images, labels
+
+
 def _read_cifar(paths: list[Path], label_key: bytes):
     xs, ys = [], []
     for path in paths:
-        with open(path, "rb") as f:
-            batch = pickle.load(f, encoding="bytes")
-        xs.append(np.asarray(batch[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
-        ys.extend(batch[label_key])
+        images, labels = _read_batch(path, label_key)
+        xs.append(images)
+        ys.extend(labels)
     x = torch.from_numpy(np.concatenate(xs)).float() / 255.0
     return (x - _MEAN) / _STD, torch.tensor(ys, dtype=torch.int64)
 

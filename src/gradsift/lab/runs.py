@@ -165,7 +165,12 @@ def run_one(
 
 
 def load_results(path) -> list[dict]:
+    """The runs of a results file (none when it does not exist)."""
     data = read_json(path, default={"runs": []})
+    if not isinstance(data, dict) or not isinstance(data.get("runs", []), list):
+        raise ValueError(
+            f"{path} must hold a JSON object with a list of 'runs', got {type(data).__name__}"
+        )
     return data.get("runs", [])
 
 
