@@ -93,3 +93,15 @@ def test_torchrun_path(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     record = json.loads((tmp_path / "result.json").read_text())
     assert record["world_size"] == 2 and record["compression_ratio"] > 2
+
+
+def test_every_rank_waits_for_the_others_before_tearing_down(monkeypatch):
+    from gradsift.lab import launch
+
+    calls = []
+    monkeypatch.setattr(launch, "init_process_group", lambda *a: calls.append("init"))
+    monkeypatch.setattr(launch, "run_one", lambda spec, **kw: calls.append("run") or {"r": 1})
+    monkeypatch.setattr(launch.dist, "barrier", lambda: calls.append("barrier"))
+    monkeypatch.setattr(launch.dist, "destroy_process_group", lambda: calls.append("destroy"))
+    assert launch.run_rank(None, rank=1, world=2) is None
+    assert calls == ["init", "run", "barrier", "destroy"]
