@@ -103,5 +103,5 @@ def test_every_rank_waits_for_the_others_before_tearing_down(monkeypatch):
     monkeypatch.setattr(launch, "run_one", lambda spec, **kw: calls.append("run") or {"r": 1})
     monkeypatch.setattr(launch.dist, "barrier", lambda: calls.append("barrier"))
     monkeypatch.setattr(launch.dist, "destroy_process_group", lambda: calls.append("destroy"))
-    assert launch.run_rank(None, rank=1, world=2) is None
+    assert launch.run_rank(launch.RunSpec(), rank=1, world=2) is None
     assert calls == ["init", "run", "barrier", "destroy"]
