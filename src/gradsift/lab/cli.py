@@ -11,6 +11,7 @@ import sys
 
 from gradsift.checks import check_float
 from gradsift.lab import commands
+from gradsift.lab.launch import RankFailedError
 
 __all__ = ["main", "build_parser"]
 
@@ -254,6 +255,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, TypeError, FileNotFoundError) as exc:
         print(f"gradsift: error: {exc}", file=sys.stderr)
         return 2
+    except RankFailedError as exc:
+        print(f"gradsift: error: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
