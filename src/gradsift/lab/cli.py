@@ -11,7 +11,9 @@ import sys
 
 from gradsift.checks import check_float
 from gradsift.lab import commands
+from gradsift.lab.comm import COMMS
 from gradsift.lab.launch import RankFailedError
+from gradsift.lab.shaping import check_rate
 
 __all__ = ["main", "build_parser"]
 
@@ -177,6 +179,11 @@ def _train_parsers(sub) -> None:
         "--nproc", type=_positive_int, default=1, help="data-parallel processes (gloo on CPU)"
     )
     t.add_argument(
+        "--comm",
+        choices=COMMS,
+        help="gradient communication with --nproc (default: topk with --density, else allreduce)",
+    )
+    t.add_argument(
         "--checkpoint",
         metavar="DIR",
         help="checkpoint every epoch into DIR; resume from it if present",
@@ -224,6 +231,16 @@ def _study_parsers(sub) -> None:
         "--sizes", type=_list_of(_positive_int), help="comma-separated N values (select)"
     )
     b.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
+    b.add_argument(
+        "--bandwidth",
+        type=_list_of(_checked(check_rate)),
+        help="ddp: comma-separated emulated loopback rates (100mbit,1gbit,10gbit; needs root)",
+    )
+    b.add_argument("--model", default="resnet18", help="ddp: the network")
+    b.add_argument(
+        "--steps", type=_positive_int, default=13, help="ddp: steps per hook (3 untimed)"
+    )
+    b.add_argument("--batch", type=_positive_int, default=8, help="ddp: batch per rank")
     b.set_defaults(func=commands.bench)
 
 

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from gradsift.lab.atomic import atomic_write_bytes, atomic_write_json
-from gradsift.lab.tables import columns, render
+from gradsift.lab.tables import Column, columns, render
 
 __all__ = ["demo", "prune", "train", "sweep", "experiment", "bench"]
 
@@ -35,6 +35,7 @@ def _spec(args: argparse.Namespace, **overrides):
         error_feedback=args.error_feedback,
         seed=args.seed,
         device=args.device,
+        comm=getattr(args, "comm", None),
     )
     fields = dict(
         model=args.model,
@@ -197,10 +198,15 @@ def bench(args: argparse.Namespace) -> int:
     from gradsift.lab.bench import BENCHES
 
     run, columns = BENCHES[args.what]
-    options = {} if args.what == "ddp" else {"repeats": args.repeats}
-    if args.what == "select" and args.sizes:
-        options["sizes"] = args.sizes
-    rows = run(**options)
+    if args.what == "ddp":
+        ddp = {"model": args.model, "steps": args.steps, "batch": args.batch}
+        rows = [r for rate in args.bandwidth or [None] for r in run(bandwidth=rate, **ddp)]
+        columns = [Column(lambda r: r.get("bandwidth", "unshaped"), "link"), *columns]
+    else:
+        options = {"repeats": args.repeats}
+        if args.what == "select" and args.sizes:
+            options["sizes"] = args.sizes
+        rows = run(**options)
     print(render(rows, columns))
     if args.json:
         atomic_write_json(args.json, {"benchmark": args.what, "rows": rows})

@@ -18,7 +18,16 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-__all__ = ["build_model", "init_weights_", "list_models", "MLP", "LeNet5", "VGG", "CifarResNet"]
+__all__ = [
+    "build_model",
+    "init_weights_",
+    "list_models",
+    "MLP",
+    "LeNet5",
+    "VGG",
+    "CifarResNet",
+    "CifarResNet18",
+]
 
 
 class MLP(nn.Module):
@@ -145,6 +154,27 @@ class CifarResNet(nn.Module):
         return self.fc(self.pool(self.layers(torch.relu(self.bn(self.conv(x))))))
 
 
+class CifarResNet18(nn.Module):
+    """ResNet-18 for 32x32 inputs (3x3 stem, no max-pool; four stages of two basic
+    blocks, 64-512 channels): 11.2M parameters, the usual CIFAR variant of He et al."""
+
+    def __init__(self, input_shape=(3, 32, 32), num_classes=10):
+        super().__init__()
+        self.conv = nn.Conv2d(input_shape[0], 64, 3, 1, 1, bias=False)
+        self.bn = nn.BatchNorm2d(64)
+        blocks, cin = [], 64
+        for stage, cout in enumerate((64, 128, 256, 512)):
+            for i in range(2):
+                blocks.append(_BasicBlock(cin, cout, 2 if stage and i == 0 else 1))
+                cin = cout
+        self.layers = nn.Sequential(*blocks)
+        self.pool = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.fc = nn.Linear(cin, num_classes)
+
+    def forward(self, x):
+        return self.fc(self.pool(self.layers(torch.relu(self.bn(self.conv(x))))))
+
+
 _MODELS: dict[str, Callable[..., nn.Module]] = {
     "mlp": MLP,
     "lenet5": LeNet5,
@@ -156,6 +186,7 @@ _MODELS: dict[str, Callable[..., nn.Module]] = {
     "vgg19_bn": lambda **kw: VGG(19, batch_norm=True, **kw),
     "resnet20": lambda **kw: CifarResNet(20, **kw),
     "resnet32": lambda **kw: CifarResNet(32, **kw),
+    "resnet18": CifarResNet18,
 }
 
 

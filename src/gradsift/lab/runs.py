@@ -42,7 +42,7 @@ class RunSpec:
         return (
             f"{self.model}|{self.dataset}|{self.method}|{self.sparsity:g}|{self.iterations}|"
             f"{int(self.shuffle)}|{self.seed}|{t.epochs}|{t.density}|{t.k}|"
-            f"{int(t.error_feedback)}|{t.lr:g}|{t.batch_size}"
+            f"{int(t.error_feedback)}|{t.lr:g}|{t.batch_size}" + (f"|{t.comm}" if t.comm else "")
         )
 
 
