@@ -42,7 +42,14 @@ def test_library_names():
 
 
 def test_distributed_names():
-    assert sorted(gradsift.distributed.__all__) == ["TopKHookState", "compress_", "topk_hook"]
+    assert sorted(gradsift.distributed.__all__) == [
+        "TopKHookState",
+        "compress_",
+        "crossover_density",
+        "dgc_warmup",
+        "sparse_pays",
+        "topk_hook",
+    ]
     state = gradsift.distributed.TopKHookState(density=0.1)
     assert state.density == 0.1 and state.k is None
     assert callable(gradsift.distributed.topk_hook)

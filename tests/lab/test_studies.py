@@ -5,18 +5,19 @@ import json
 import pytest
 
 from gradsift.lab import cli
+from gradsift.lab.bench.ddp_step import VARIANTS
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.mark.parametrize("study", ["collapse", "accuracy", "topk", "speed"])
+@pytest.mark.parametrize("study", ["collapse", "accuracy", "topk", "speed", "ddp"])
 def test_quick_study(study, tmp_path, capsys):
     assert cli.main(["experiment", study, "--quick", "--out", str(tmp_path)]) == 0
     data = json.loads((tmp_path / f"{study}.json").read_text())
     assert data["study"] == study and data["quick"] is True
     assert data["command"] == f"gradsift experiment {study} --quick --out {tmp_path}"
     md = (tmp_path / f"{study}.md").read_text()
-    tables = 5 if study == "speed" else 1  # speed: select, step, score, ddp and ties
+    tables = {"speed": 5, "ddp": 2}.get(study, 1)  # speed: select, step, score, ddp and ties
     assert sum(line.startswith("|---") for line in md.splitlines()) == tables
     png = next(tmp_path.glob("*.png")).read_bytes()
     assert png.startswith(PNG) and len(png) > 1000
@@ -33,7 +34,9 @@ def test_quick_study(study, tmp_path, capsys):
     if study == "speed":
         assert data["select"] and data["step"] and data["score"] and data["ddp"]
         assert {r["method"] for r in data["score"]} == {"reference", "ours"}
-        assert [r["density"] for r in data["ddp"]] == [None, 0.01, 0.001]
+        hooks = [r["hook"] for r in data["ddp"]]
+        assert hooks == [*VARIANTS, "one process, no communication"]
+        assert all("step_ms" in r for r in data["ddp"]), data["ddp"]
         assert all(r["step_ms"] > 0 for r in data["ddp"])
         assert all(r["topk_ef_ms"] > 0 for r in data["step"])
         assert {r["case"].split(" ")[0] for r in data["ties"]} == {"select", "TopK"}
@@ -47,3 +50,8 @@ def test_quick_study(study, tmp_path, capsys):
             (0.001, True),
             (0.001, False),
         }
+    if study == "ddp":
+        assert {r["bandwidth"] for r in data["bench"]} == {"1gbit"}
+        assert {r["comm"] for r in data["runs"]} == {"one process", "allreduce", "topk-dgc"}
+        assert all(r["world_size"] == (1 if r["comm"] == "one process" else 2) for r in data["runs"])
+        assert all(s["step_ms"] > 0 for s in data["summary"])

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from gradsift.lab.atomic import atomic_write_json, read_json
 
-__all__ = ["check_rate", "run_shaped", "loopback_bytes"]
+__all__ = ["check_rate", "rate_gbit", "run_shaped", "loopback_bytes", "send_bytes"]
 
 _RATE = re.compile(r"^\d+(\.\d+)?[kmg]?bit$")
 ENV = "GRADSIFT_SHAPED_RATE"  # set inside the namespace
@@ -35,6 +35,12 @@ def check_rate(rate: str) -> str:
     if not isinstance(rate, str) or not _RATE.match(rate):
         raise ValueError(f"bandwidth must be a tc rate like 100mbit, 1gbit or 10gbit, got {rate!r}")
     return rate
+
+
+def rate_gbit(rate: str) -> float:
+    """``rate`` in Gbit/s: ``rate_gbit("100mbit") == 0.1``."""
+    number, unit = re.match(r"^(\d+(?:\.\d+)?)([kmg]?)bit$", check_rate(rate)).groups()
+    return float(number) * {"": 1e-9, "k": 1e-6, "m": 1e-3, "g": 1.0}[unit]
 
 
 def _check_tools() -> None:
@@ -90,6 +96,33 @@ def loopback_bytes() -> int:
         if name.strip() == "lo":
             return int(rest.split()[8])  # transmit bytes
     raise RuntimeError("no loopback device in /proc/net/dev")
+
+
+def send_bytes(nbytes: int) -> dict:
+    """Send ``nbytes`` to ourselves over 127.0.0.1 (TCP); the seconds it took and the
+    loopback's byte counter before and after: a probe that the shaping holds."""
+    import socket
+    import threading
+    import time
+
+    server = socket.create_server(("127.0.0.1", 0))
+    received = []
+
+    def drain():
+        conn, _ = server.accept()
+        with conn:
+            while sum(received) < nbytes:
+                received.append(len(conn.recv(1 << 16)))
+
+    thread = threading.Thread(target=drain)
+    thread.start()
+    before, start = loopback_bytes(), time.perf_counter()
+    with socket.create_connection(server.getsockname()) as client:
+        client.sendall(bytes(nbytes))
+        thread.join()
+    seconds = time.perf_counter() - start
+    server.close()
+    return {"seconds": seconds, "lo_bytes": loopback_bytes() - before, "rate": os.environ.get(ENV)}
 
 
 def _main(argv: list[str]) -> None:

@@ -6,7 +6,8 @@ the same code path that the tests run.
 1. ``collapse``: layer collapse vs compression, no training.
 2. ``accuracy``: accuracy vs sparsity on the embedded digits, real and shuffled masks.
 3. ``topk``: dense vs top-k sparse training, with and without error feedback.
-4. ``speed``: the select, step, score and ddp benchmarks.
+4. ``speed``: every benchmark.
+5. ``ddp``: distributed top-k under emulated bandwidth limits.
 """
 
 from __future__ import annotations
@@ -16,12 +17,19 @@ from pathlib import Path
 from gradsift.lab.atomic import atomic_write_bytes, atomic_write_json
 from gradsift.lab.studies.accuracy import accuracy
 from gradsift.lab.studies.collapse import collapse
+from gradsift.lab.studies.ddp import ddp
 from gradsift.lab.studies.speed import speed
 from gradsift.lab.studies.topk import topk
 
 __all__ = ["STUDIES", "run_study"]
 
-STUDIES = {"collapse": collapse, "accuracy": accuracy, "topk": topk, "speed": speed}
+STUDIES = {
+    "collapse": collapse,
+    "accuracy": accuracy,
+    "topk": topk,
+    "speed": speed,
+    "ddp": ddp,
+}
 
 
 def run_study(name: str, out, *, quick: bool = False, command: str = "") -> dict:
