@@ -27,7 +27,9 @@ def test_topk_keeps_float32_values_and_the_inner_momentum():
 
 
 def test_topk_dgc_moves_momentum_into_the_hook():
-    state, hook, momentum = make_hook("topk-dgc", density=0.01, momentum=0.9, iterations_per_epoch=5)
+    state, hook, momentum = make_hook(
+        "topk-dgc", density=0.01, momentum=0.9, iterations_per_epoch=5
+    )
     assert hook is topk_hook and momentum == 0.0  # the inner SGD must not apply it twice
     assert state.momentum_correction == 0.9 and state.value_dtype == torch.bfloat16
     assert state.warmup is not None

@@ -53,5 +53,7 @@ def test_quick_study(study, tmp_path, capsys):
     if study == "ddp":
         assert {r["bandwidth"] for r in data["bench"]} == {"1gbit"}
         assert {r["comm"] for r in data["runs"]} == {"one process", "allreduce", "topk-dgc"}
-        assert all(r["world_size"] == (1 if r["comm"] == "one process" else 2) for r in data["runs"])
+        assert all(
+            r["world_size"] == (1 if r["comm"] == "one process" else 2) for r in data["runs"]
+        )
         assert all(s["step_ms"] > 0 for s in data["summary"])
