@@ -17,7 +17,8 @@ def test_quick_study(study, tmp_path, capsys):
     assert data["study"] == study and data["quick"] is True
     assert data["command"] == f"gradsift experiment {study} --quick --out {tmp_path}"
     md = (tmp_path / f"{study}.md").read_text()
-    tables = {"speed": 5, "ddp": 2}.get(study, 1)  # speed: select, step, score, ddp and ties
+    # speed: select, step, score, ddp, ties, methods; ddp: its bench and time to accuracy
+    tables = {"speed": 6, "ddp": 2}.get(study, 1)
     assert sum(line.startswith("|---") for line in md.splitlines()) == tables
     png = next(tmp_path.glob("*.png")).read_bytes()
     assert png.startswith(PNG) and len(png) > 1000
@@ -40,6 +41,7 @@ def test_quick_study(study, tmp_path, capsys):
         assert all(r["step_ms"] > 0 for r in data["ddp"])
         assert all(r["topk_ef_ms"] > 0 for r in data["step"])
         assert {r["case"].split(" ")[0] for r in data["ties"]} == {"select", "TopK"}
+        assert [r["method"] for r in data["methods"]] == ["snip", "synflow"]
     if study == "topk":
         assert {(r["grad_density"], r["error_feedback"]) for r in data["runs"]} == {
             (1.0, True),

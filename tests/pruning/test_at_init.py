@@ -1,11 +1,9 @@
-"""prune_at_init: rounds, schedules, monotone masks, shuffling."""
+"""prune_at_init: rounds, monotone masks, shuffling."""
 
-import pytest
 import torch
 
 import gradsift
 from gradsift import masks_from_scores, prune_at_init, shuffle_masks, sparsity_report
-from gradsift.pruning.at_init import round_sparsities
 from pruning_support import convnet, convnet_data
 
 
@@ -31,19 +29,6 @@ def test_iterative_synflow_exact_and_monotone():
     total = sum(m.numel() for m in masks.values())
     assert sum(int(m.sum()) for m in masks.values()) == total - round(0.95 * total)
     assert not sparsity_report(model).collapsed
-
-
-def test_round_sparsities():
-    s = round_sparsities(0.99, 4, "exponential")
-    torch.testing.assert_close(
-        torch.tensor(s, dtype=torch.float64),
-        1 - torch.tensor([0.01 ** (i / 4) for i in range(1, 5)], dtype=torch.float64),
-    )
-    assert round_sparsities(0.5, 2, "linear") == [0.25, 0.5]
-    with pytest.raises(ValueError, match="schedule"):
-        round_sparsities(0.5, 2, "cosine")
-    with pytest.raises(ValueError, match="iterations"):
-        round_sparsities(0.5, 0, "linear")
 
 
 def test_shuffle_keeps_layer_density():

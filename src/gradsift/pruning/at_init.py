@@ -3,6 +3,8 @@
 Iterative pruning follows SynFlow (Tanaka et al. 2020, arXiv:2006.05467, Alg. 1):
 round ``i`` of ``n`` keeps density ``ρ^(i/n)`` (``schedule="exponential"``) of the
 weights, rescoring the masked model each round; masks only ever lose weights.
+A criterion that runs its own schedule to a target (FORCE, Iterative SNIP: its
+registry entry ``takes_sparsity``) is handed each round's target as ``sparsity=``.
 """
 
 from __future__ import annotations
@@ -12,29 +14,12 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from gradsift.checks import check_choice, check_int
 from gradsift.pruning.masks import apply_masks_, check_sparsity, masks_from_scores, shuffle_masks
 from gradsift.pruning.params import Selector
 from gradsift.pruning.registry import checked_options, get_method, score
+from gradsift.pruning.schedules import round_sparsities
 
 __all__ = ["prune_at_init", "round_sparsities"]
-
-_SCHEDULES = ("exponential", "linear")
-
-
-def round_sparsities(sparsity: float, iterations: int, schedule: str) -> list[float]:
-    """Target sparsity after each round; the last is exactly ``sparsity``."""
-    check_choice("schedule", schedule, _SCHEDULES)
-    iterations = check_int("iterations", iterations, minimum=1)
-    density = 1.0 - sparsity
-    out = []
-    for i in range(1, iterations + 1):
-        if schedule == "exponential":
-            out.append(1.0 - density ** (i / iterations))
-        else:
-            out.append(sparsity * i / iterations)
-    out[-1] = sparsity
-    return out
 
 
 def prune_at_init(
@@ -62,7 +47,8 @@ def prune_at_init(
         sparsity: fraction of the scored weights removed, in [0, 1).
         data: ``(inputs, targets)`` batches for data-driven methods.
         scope: ``"global"`` ranks all layers together, ``"layer"`` each layer alone.
-        iterations: rounds of score-then-prune (SynFlow uses 100).
+        iterations: rounds of score-then-prune (SynFlow uses 100). A method with its own
+            schedule (``get_method(m).takes_sparsity``) runs it within each round.
         schedule: ``"exponential"`` (density ``ρ^(i/n)``) or ``"linear"``.
         min_per_layer: keep at least this many weights per layer (collapse guard).
         shuffle: permute each layer's final mask (Frankle et al. 2021 sanity check).
@@ -84,7 +70,8 @@ def prune_at_init(
         if rescore is not None:
             scores = rescore(masks)
         else:
-            scores = score(model, method, data, params=params, **options)
+            target_option = {"sparsity": target} if entry.takes_sparsity else {}
+            scores = score(model, method, data, params=params, **options, **target_option)
         masks = masks_from_scores(
             scores,
             target,

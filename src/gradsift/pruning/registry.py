@@ -43,7 +43,10 @@ class Method:
     own keyword defaults). ``rescorer``: optional factory
     ``rescorer(model, data, *, params, **options) -> rescore(masks) -> scores`` for
     cheap rescoring in iterative pruning. ``paper_iterations``: the pruning rounds
-    its paper uses (SynFlow: 100), for harnesses that reproduce it.
+    its paper uses (SynFlow: 100), for harnesses that reproduce it; 1 for a criterion
+    that runs its own schedule. ``takes_sparsity``: the criterion has a keyword-only
+    ``sparsity`` option (it prunes in its own rounds towards that target, as FORCE
+    does); ``prune_at_init`` passes it the target.
     """
 
     name: str
@@ -51,6 +54,10 @@ class Method:
     defaults: dict = field(default_factory=dict)
     rescorer: Callable | None = None
     paper_iterations: int = 1
+
+    @property
+    def takes_sparsity(self) -> bool:
+        return "sparsity" in self.options()
 
     def options(self) -> list[str]:
         """The keyword options the criterion accepts."""
@@ -110,14 +117,20 @@ def supported_options(method: str, **candidates) -> dict:
 
 
 def checked_options(method: str, options: dict) -> dict:
-    """``options`` over the method's registered defaults; unknown names raise."""
+    """``options`` over the method's registered defaults over ``fn``'s own keyword
+    defaults (every option that has a value); unknown names raise."""
     entry = get_method(method)
     unknown = sorted(set(options) - set(entry.options()))
     if unknown:
         raise TypeError(
             f"method {method!r} got unknown options {unknown}; it accepts {entry.options()}"
         )
-    return {**entry.defaults, **options}
+    own = {
+        n: p.default
+        for n, p in inspect.signature(entry.fn).parameters.items()
+        if p.kind is p.KEYWORD_ONLY and p.default is not p.empty
+    }
+    return {**own, **entry.defaults, **options}
 
 
 def score(
