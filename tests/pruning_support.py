@@ -166,7 +166,8 @@ def token_data(n_batches=2, n=20, classes=10):
 
 
 class DictModel(nn.Module):
-    """A Hugging Face style model: keyword tensors in, ``{"logits": ...}`` out."""
+    """A Hugging Face style model: keyword tensors in, ``{"logits": ...}`` out (its
+    arguments in another order than the batch's keys)."""
 
     def __init__(self):
         super().__init__()
@@ -175,7 +176,7 @@ class DictModel(nn.Module):
         self.hidden = nn.Linear(6, 6)
         self.classifier = nn.Linear(6, 3)
 
-    def forward(self, input_ids, attention_mask):
+    def forward(self, attention_mask, input_ids):
         h = torch.relu(self.hidden(self.embedding(input_ids)))
         h = (h * attention_mask[..., None]).sum(1) / attention_mask.sum(1, keepdim=True)
         return {"logits": self.classifier(h)}

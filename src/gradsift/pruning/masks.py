@@ -23,7 +23,7 @@ from torch.nn.utils import prune
 from gradsift.budget import check_scope
 from gradsift.checks import check_float, check_int, has_nan
 from gradsift.pruning.params import mask_of, original, owners, prunable
-from gradsift.pruning.shared import refresh_readers_, share_mask_
+from gradsift.pruning.shared import refresh_readers_
 from gradsift.topk import topk_indices, topk_mask
 
 __all__ = ["masks_from_scores", "apply_masks_", "shuffle_masks", "check_sparsity"]
@@ -153,11 +153,8 @@ def apply_masks_(
     targets = prunable(model, list(masks))
     holders = owners(model)
     for name, (module, attr) in targets.items():
-        tied = holders[id(original(module, attr))]
-        for m, a in tied:
+        for m, a in holders[id(original(module, attr))]:  # every holder of a tied weight
             _install(m, a, masks[name], replace)
-        if len(tied) > 1:
-            share_mask_(tied)
     refresh_readers_(model)
 
 

@@ -9,16 +9,15 @@ hook running, and would then use a stale, frozen copy (no gradient reaches
   ``out_proj.weight`` to its functional form and never calls ``out_proj``. Such
   parents get a pre-hook that refreshes the child's pruned weights first;
 - another module holding the same tensor (tied weights, ``decoder.weight =
-  embedding.weight``): the mask is installed on every holder, one mask buffer
-  shared by all, so that the tie holds for the masked weight too.
+  embedding.weight``): ``apply_masks_`` installs the mask on every holder, so that
+  the tie holds for the masked weight too.
 """
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 
-__all__ = ["RefreshPruned", "refresh_readers_", "share_mask_"]
+__all__ = ["RefreshPruned", "refresh_readers_"]
 
 # (parent type, child attribute): parents that read the child's parameters directly
 _DIRECT_READERS = ((nn.MultiheadAttention, "out_proj"),)
@@ -54,14 +53,3 @@ def refresh_readers_(model: nn.Module) -> None:
             hooks = parent._forward_pre_hooks.values()
             if not any(isinstance(h, RefreshPruned) and h.child is child for h in hooks):
                 parent.register_forward_pre_hook(RefreshPruned(child))
-
-
-def share_mask_(holders: list[tuple[nn.Module, str]]) -> None:
-    """Make every holder of a tied, pruned tensor use the first holder's mask buffer
-    (each holder already pruned through ``torch.nn.utils.prune``)."""
-    first, attr = holders[0]
-    mask = first._buffers[attr + "_mask"]
-    for module, a in holders[1:]:
-        module._buffers[a + "_mask"] = mask
-        with torch.no_grad():
-            setattr(module, a, module._parameters[a + "_orig"] * mask)

@@ -74,7 +74,7 @@ def test_dict_batches_through_split_batch(method):
     )
 
     def positional(batch):
-        return (batch["input_ids"], batch["attention_mask"]), batch["labels"]
+        return (batch["attention_mask"], batch["input_ids"]), batch["labels"]
 
     by_position = gradsift.score(
         model, method, data, loss_fn=_logits_loss, split_batch=positional, **options
