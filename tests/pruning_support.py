@@ -172,12 +172,11 @@ class DictModel(nn.Module):
     def __init__(self):
         super().__init__()
         torch.manual_seed(0)
-        self.embedding = nn.Embedding(10, 6)
-        self.hidden = nn.Linear(6, 6)
+        self.body = nn.Sequential(nn.Embedding(10, 6), nn.Linear(6, 6), nn.ReLU())
         self.classifier = nn.Linear(6, 3)
 
     def forward(self, attention_mask, input_ids):
-        h = torch.relu(self.hidden(self.embedding(input_ids)))
+        h = self.body(input_ids)
         h = (h * attention_mask[..., None]).sum(1) / attention_mask.sum(1, keepdim=True)
         return {"logits": self.classifier(h)}
 
