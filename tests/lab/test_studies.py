@@ -10,7 +10,7 @@ from gradsift.lab.bench.ddp_step import VARIANTS
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.mark.parametrize("study", ["collapse", "accuracy", "topk", "speed", "ddp"])
+@pytest.mark.parametrize("study", ["collapse", "accuracy", "topk", "speed", "ddp", "agreement"])
 def test_quick_study(study, tmp_path, capsys):
     assert cli.main(["experiment", study, "--quick", "--out", str(tmp_path)]) == 0
     data = json.loads((tmp_path / f"{study}.json").read_text())
@@ -42,6 +42,17 @@ def test_quick_study(study, tmp_path, capsys):
         assert all(r["topk_ef_ms"] > 0 for r in data["step"])
         assert {r["case"].split(" ")[0] for r in data["ties"]} == {"select", "TopK"}
         assert [r["method"] for r in data["methods"]] == ["snip", "synflow"]
+    if study == "agreement":  # the rows that must agree (issue 16) do; chunking warns
+        rows = data["rows"]
+        same = [r["gradsift"] for r in rows if r["cosine"] > 0.999999 and r["jaccard_0.01"] == 1]
+        assert same == [
+            "GraSP default",
+            "GraSP chunk_size=10",
+            "GraSP chunks 8/8/4, batch_weighting=batch",
+            "SNIP default",
+            "SNIP num_batches=None, batch_weighting=batch",
+        ]
+        assert rows[1]["warned"] and not rows[0]["warned"]
     if study == "topk":
         assert {(r["grad_density"], r["error_feedback"]) for r in data["runs"]} == {
             (1.0, True),

@@ -5,18 +5,24 @@ round ``i`` of ``n`` keeps density ``ρ^(i/n)`` (``schedule="exponential"``) of 
 weights, rescoring the masked model each round; masks only ever lose weights.
 A criterion that runs its own schedule to a target (FORCE, Iterative SNIP: its
 registry entry ``takes_sparsity``) is handed each round's target as ``sparsity=``.
+
+A model already pruned through ``torch.nn.utils.prune`` keeps its masks: they are the
+first round's ``previous``, so its pruned weights count toward the target (whatever
+they score) and the masks returned are the ones installed.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable
 
 import torch
 from torch import nn
 
 from gradsift.pruning.masks import apply_masks_, check_sparsity, masks_from_scores, shuffle_masks
-from gradsift.pruning.params import Selector
+from gradsift.pruning.params import Selector, mask_of, prunable
 from gradsift.pruning.registry import checked_options, get_method, score
+from gradsift.pruning.sampling import replayable
 from gradsift.pruning.schedules import round_sparsities
 
 __all__ = ["prune_at_init", "round_sparsities"]
@@ -45,7 +51,8 @@ def prune_at_init(
             ``state_dict`` and deepcopy/pickle behave as in PyTorch.
         method: a name from ``gradsift.list_methods()``.
         sparsity: fraction of the scored weights removed, in [0, 1).
-        data: ``(inputs, targets)`` batches for data-driven methods.
+        data: ``(inputs, targets)`` batches for data-driven methods; a one-pass
+            generator is read once and every round sees the same batches.
         scope: ``"global"`` ranks all layers together, ``"layer"`` each layer alone.
         iterations: rounds of score-then-prune (SynFlow uses 100). A method with its own
             schedule (``get_method(m).takes_sparsity``) runs it within each round.
@@ -57,15 +64,17 @@ def prune_at_init(
         **options: passed to the scorer (see ``gradsift.score``).
 
     Returns:
-        ``{name: mask}`` (float 0/1 tensors shaped like the weights).
+        ``{name: mask}`` (float 0/1 tensors shaped like the weights), the masks
+        installed (a weight pruned before stays pruned).
     """
     check_sparsity(sparsity)
     targets = round_sparsities(sparsity, iterations, schedule)
     entry = get_method(method)
+    data = replayable(data)
     rescore = None
     if entry.rescorer is not None and len(targets) > 1:  # cheap rounds when it has them
         rescore = entry.rescorer(model, data, params=params, **checked_options(method, options))
-    masks, workspace = None, {}
+    masks, workspace = _installed(model, params, sparsity), {}
     for target in targets:
         if rescore is not None:
             scores = rescore(masks)
@@ -84,4 +93,28 @@ def prune_at_init(
     if shuffle:
         masks = shuffle_masks(masks, generator=generator)
         apply_masks_(model, masks, replace=True)
+    return masks
+
+
+def _installed(model: nn.Module, params: Selector, sparsity: float) -> dict | None:
+    """The masks already installed on the selected weights (ones where none is), or
+    None when none is; warns when they already prune more than ``sparsity``."""
+    targets = prunable(model, params)
+    found = {name: mask_of(m, a) for name, (m, a) in targets.items()}
+    if all(mask is None for mask in found.values()):
+        return None
+    masks = {
+        name: (torch.ones_like(getattr(m, a)) if found[name] is None else found[name].clone())
+        for name, (m, a) in targets.items()
+    }
+    total = sum(mask.numel() for mask in masks.values())
+    pruned = total - sum(int(torch.count_nonzero(mask)) for mask in masks.values())
+    if pruned > round(sparsity * total):
+        warnings.warn(
+            f"prune_at_init: the model already has {100 * pruned / total:.1f}% of the "
+            f"selected weights pruned, more than sparsity={sparsity}; pruned weights stay "
+            "pruned, so the masks are left as they are",
+            UserWarning,
+            stacklevel=3,
+        )
     return masks

@@ -22,7 +22,8 @@ from torch.nn.utils import prune
 
 from gradsift.budget import check_scope
 from gradsift.checks import check_float, check_int, has_nan
-from gradsift.pruning.params import mask_of, prunable
+from gradsift.pruning.params import mask_of, original, owners, prunable
+from gradsift.pruning.shared import refresh_readers_
 from gradsift.topk import topk_indices, topk_mask
 
 __all__ = ["masks_from_scores", "apply_masks_", "shuffle_masks", "check_sparsity"]
@@ -145,24 +146,32 @@ def apply_masks_(
     A layer that is already pruned gets its ``*_mask`` buffer updated in place (one
     forward pre-hook per weight, never a growing chain of pruning containers): ANDed
     with the new mask, so pruned weights stay pruned, or overwritten with
-    ``replace=True`` (a shuffled mask moves the kept positions).
+    ``replace=True`` (a shuffled mask moves the kept positions). A tied weight is
+    masked in every module that holds it, and a parent that reads a pruned child's
+    weight directly (``nn.MultiheadAttention``) refreshes it (``pruning.shared``).
     """
     targets = prunable(model, list(masks))
+    holders = owners(model)
     for name, (module, attr) in targets.items():
-        mask = masks[name]
-        existing = mask_of(module, attr)
-        if existing is None:
-            prune.custom_from_mask(module, attr, mask.to(getattr(module, attr).device))
-        else:
-            with torch.no_grad():
-                if replace:
-                    existing.copy_(mask)
-                else:
-                    existing.mul_(mask.to(existing))
-        # recompute ``weight = weight_orig * weight_mask`` without autograd history, so
-        # that the model deep-copies and pickles (the pre-hook redoes it every forward)
+        for m, a in holders[id(original(module, attr))]:  # every holder of a tied weight
+            _install(m, a, masks[name], replace)
+    refresh_readers_(model)
+
+
+def _install(module: nn.Module, attr: str, mask: torch.Tensor, replace: bool) -> None:
+    existing = mask_of(module, attr)
+    if existing is None:
+        prune.custom_from_mask(module, attr, mask.to(getattr(module, attr).device))
+    else:
         with torch.no_grad():
-            setattr(module, attr, getattr(module, attr + "_orig") * mask_of(module, attr))
+            if replace:
+                existing.copy_(mask)
+            else:
+                existing.mul_(mask.to(existing))
+    # recompute ``weight = weight_orig * weight_mask`` without autograd history, so
+    # that the model deep-copies and pickles (the pre-hook redoes it every forward)
+    with torch.no_grad():
+        setattr(module, attr, getattr(module, attr + "_orig") * mask_of(module, attr))
 
 
 def shuffle_masks(

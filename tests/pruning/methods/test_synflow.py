@@ -8,7 +8,7 @@ import gradsift
 from gradsift.lab.models import VGG
 from gradsift.pruning.methods.synflow import synflow_rescorer
 from gradsift.pruning.methods.synflow_l2 import synflow_l2_rescorer
-from pruning_support import mlp
+from pruning_support import Tied, dict_data, mlp, token_data
 
 
 def closed_form(model):
@@ -66,3 +66,15 @@ def test_rescorer_equals_scoring_the_masked_model(method, rescorer):
     for n in expected:
         torch.testing.assert_close(again[n], expected[n], rtol=1e-12, atol=0)
         assert (again[n][masks[n] == 0] == 0).all()
+
+
+def test_synflow_says_that_embedding_inputs_are_not_supported():
+    """Issue 15, case 15: the all-ones input is real-valued; a model whose input goes
+    through ``nn.Embedding`` gets an error that says so, not an index-type error."""
+    with pytest.raises(ValueError, match=r"synflow.*nn\.Embedding 'embedding'.*token ids"):
+        gradsift.score(Tied(), "synflow", token_data())
+
+
+def test_synflow_needs_a_tensor_input_to_read_the_shape():
+    with pytest.raises(ValueError, match="pass input_shape="):
+        gradsift.score(mlp(), "synflow", dict_data())

@@ -8,6 +8,7 @@ the same code path that the tests run.
 3. ``topk``: dense vs top-k sparse training, with and without error feedback.
 4. ``speed``: every benchmark.
 5. ``ddp``: distributed top-k under emulated bandwidth limits.
+6. ``agreement``: SNIP and GraSP against the authors' code on a BatchNorm ResNet-20.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from gradsift.lab.atomic import atomic_write_bytes, atomic_write_json
 from gradsift.lab.studies.accuracy import accuracy
+from gradsift.lab.studies.agreement import agreement
 from gradsift.lab.studies.collapse import collapse
 from gradsift.lab.studies.ddp import ddp
 from gradsift.lab.studies.speed import speed
@@ -29,6 +31,7 @@ STUDIES = {
     "topk": topk,
     "speed": speed,
     "ddp": ddp,
+    "agreement": agreement,
 }
 
 

@@ -6,6 +6,12 @@ linearised network (every weight replaced by ``|θ|``, biases zeroed, BatchNorm 
 mode with zero running mean) on an all-ones input, in float64. For a bias-free ReLU
 network the per-layer score sums all equal ``R`` (the conservation law). Iterative
 pruning (the paper: 100 rounds) rescores one linearised copy with the masks applied.
+
+Scored in **eval mode** (BatchNorm as the affine map of its running statistics, the
+mean zeroed), as in the Synaptic-Flow repository: with batch statistics the output
+on a single all-ones input would not be a product of the layers' weights. The input
+is real-valued, so a model whose input goes through ``nn.Embedding`` (token ids) is
+not supported: it raises a ``ValueError`` that says so.
 """
 
 from __future__ import annotations
@@ -46,6 +52,26 @@ def linearise_(model: nn.Module, dtype: torch.dtype, power: int = 1) -> None:
                 module.running_mean.zero_()
                 if power == 2:
                     module.running_var.add_(module.eps).square_().sub_(module.eps)
+    for name, module in model.named_modules():
+        if isinstance(module, (nn.Embedding, nn.EmbeddingBag)):
+            module.register_forward_pre_hook(_RefuseOnes(name, type(module).__name__))
+
+
+class _RefuseOnes:
+    """Pre-hook of an embedding on the linearised copy: SynFlow's real-valued input
+    cannot be token ids (an embedding fed ids made inside the model is fine)."""
+
+    def __init__(self, name: str, kind: str):
+        self.name, self.kind = name, kind
+
+    def __call__(self, module, args):
+        if args and isinstance(args[0], torch.Tensor) and args[0].is_floating_point():
+            raise ValueError(
+                f"synflow feeds the network an all-ones real-valued input, and nn.{self.kind} "
+                f"{self.name!r} received it as token ids; SynFlow is defined for networks "
+                "whose input is real-valued, so models that take token ids are not "
+                "supported (score them with snip, grasp, magnitude or random)"
+            )
 
 
 def _input_shape(data, input_shape):
@@ -53,7 +79,14 @@ def _input_shape(data, input_shape):
         return tuple(input_shape)
     if data is None:
         raise ValueError("synflow needs input_shape= or data= to know the input shape")
-    return tuple(next(iter(data))[0].shape[1:])
+    first = next(iter(data), None)
+    x = first[0] if isinstance(first, (tuple, list)) and len(first) == 2 else None
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(
+            "synflow reads the input shape from the inputs of data's first (inputs, "
+            "targets) batch, which must be a tensor; pass input_shape="
+        )
+    return tuple(x.shape[1:])
 
 
 def _scores(model, targets, input_shape, dtype, power):
