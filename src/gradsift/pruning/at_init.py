@@ -13,9 +13,11 @@ import torch
 from torch import nn
 
 from gradsift.checks import check_choice, check_int
-from gradsift.pruning.masks import apply_masks_, check_sparsity, masks_from_scores, shuffle_masks
+from gradsift.pruning.budgets import check_budget
+from gradsift.pruning.masks import apply_masks_, check_sparsity, masks_from_scores
 from gradsift.pruning.params import Selector
 from gradsift.pruning.registry import checked_options, get_method, score
+from gradsift.pruning.sanity import check_sanity, inverted, sanity_masks_
 
 __all__ = ["prune_at_init", "round_sparsities"]
 
@@ -43,11 +45,13 @@ def prune_at_init(
     sparsity: float,
     data: Iterable | None = None,
     *,
-    scope: str = "global",
+    budget=None,
+    scope: str | None = None,
     iterations: int = 1,
     schedule: str = "exponential",
     min_per_layer: int = 0,
     shuffle: bool = False,
+    sanity: str | None = None,
     generator: torch.Generator | None = None,
     params: Selector = None,
     **options,
@@ -61,12 +65,17 @@ def prune_at_init(
         method: a name from ``gradsift.list_methods()``.
         sparsity: fraction of the scored weights removed, in [0, 1).
         data: ``(inputs, targets)`` batches for data-driven methods.
-        scope: ``"global"`` ranks all layers together, ``"layer"`` each layer alone.
+        budget: ``"global"`` (default) ranks all layers together; ``"uniform"``,
+            ``"er"``, ``"erk"``, ``"uniform+dense-first"`` or a callable fix each
+            layer's exact count and rank within it (``gradsift.pruning.budgets``).
+        scope: the older name: ``"layer"`` is ``budget="uniform"``.
         iterations: rounds of score-then-prune (SynFlow uses 100).
         schedule: ``"exponential"`` (density ``ρ^(i/n)``) or ``"linear"``.
         min_per_layer: keep at least this many weights per layer (collapse guard).
-        shuffle: permute each layer's final mask (Frankle et al. 2021 sanity check).
-        generator: RNG for ``shuffle``.
+        shuffle: permute each layer's final mask (``sanity="shuffle-layer"``).
+        sanity: a sanity-check variant, ``"reinit"``, ``"invert"``,
+            ``"shuffle-layer"`` or ``"shuffle-global"`` (``gradsift.pruning.sanity``).
+        generator: RNG for the shuffles and ``"reinit"``.
         params: which weights (see ``gradsift.score``).
         **options: passed to the scorer (see ``gradsift.score``).
 
@@ -74,6 +83,8 @@ def prune_at_init(
         ``{name: mask}`` (float 0/1 tensors shaped like the weights).
     """
     check_sparsity(sparsity)
+    budget = check_budget(budget, scope)
+    sanity = check_sanity(sanity, shuffle)
     targets = round_sparsities(sparsity, iterations, schedule)
     entry = get_method(method)
     rescore = None
@@ -86,15 +97,12 @@ def prune_at_init(
         else:
             scores = score(model, method, data, params=params, **options)
         masks = masks_from_scores(
-            scores,
+            inverted(scores, sanity),
             target,
-            scope=scope,
+            budget=budget,
             previous=masks,
             min_per_layer=min_per_layer,
             workspace=workspace,
         )
         apply_masks_(model, masks)
-    if shuffle:
-        masks = shuffle_masks(masks, generator=generator)
-        apply_masks_(model, masks, replace=True)
-    return masks
+    return sanity_masks_(model, masks, sanity, generator=generator)
