@@ -250,8 +250,9 @@ def test_sweep_over_budgets_and_sanity_variants(tmp_path, monkeypatch):
     argv = ["sweep", "--methods", "snip", "--sparsities", "0.8,0.9", "--seeds", "0"]
     argv += ["--budgets", "global,erk", "--shuffle", "--sanity", "shuffle-layer,invert"]
     assert cli.main([*argv, "--out", str(tmp_path)]) == 0
-    got = [(s.budget, s.variant) for s in specs]
-    assert got == [(b, v) for b in ("global", "erk") for v in (None, "shuffle-layer", "invert")]
+    got = [(s.sparsity, s.budget, s.variant) for s in specs]
+    variants = (None, "shuffle-layer", "invert")  # --shuffle and shuffle-layer: one run
+    assert got == [(s, b, v) for s in (0.8, 0.9) for b in ("global", "erk") for v in variants]
 
 
 def _fake(spec):
