@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+import gradsift
 from gradsift.lab import cli
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -25,8 +26,19 @@ def test_quick_study(study, tmp_path, capsys):
         # the guard keeps every layer alive at every compression
         assert not any(r["collapsed_layers"] for r in rows if r["guard"])
         assert any(r["collapsed_layers"] for r in rows if not r["guard"])
-        top = max(r["log10_compression"] for r in rows)
-        assert all(s["guarded"] == top for s in data["summary"])
+        models = [s["model"] for s in data["settings"]]
+        assert models == ["vgg11_bn", "resnet20"]
+        # every registered method, on each network, from its registry entry alone
+        assert [(s["model"], s["method"]) for s in data["summary"]] == [
+            (m, method) for m in models for method in gradsift.list_methods()
+        ]
+        for s in data["summary"]:
+            top = max(r["log10_compression"] for r in rows if r["model"] == s["model"])
+            assert s["guarded"] == top
+        resnet = [s for s in data["summary"] if s["model"] == "resnet20"]
+        assert all(s["shortcuts_guarded"] == 3.0 for s in resnet)
+        assert any(r["collapsed_shortcuts"] for r in rows if not r["guard"])
+        assert all(r["shortcut_layers"] == 2 for r in rows if r["model"] == "resnet20")
     if study == "accuracy":
         keys = {(r["method"], r["sparsity"], r["shuffle"]) for r in data["runs"]}
         assert len(keys) == 5 * 2 * 2
