@@ -10,14 +10,15 @@ from gradsift.lab import cli
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.mark.parametrize("study", ["collapse", "accuracy", "topk", "speed"])
+@pytest.mark.parametrize("study", ["collapse", "accuracy", "topk", "speed", "mnist"])
 def test_quick_study(study, tmp_path, capsys):
     assert cli.main(["experiment", study, "--quick", "--out", str(tmp_path)]) == 0
     data = json.loads((tmp_path / f"{study}.json").read_text())
     assert data["study"] == study and data["quick"] is True
     assert data["command"] == f"gradsift experiment {study} --quick --out {tmp_path}"
     md = (tmp_path / f"{study}.md").read_text()
-    tables = 5 if study == "speed" else 1  # speed: select, step, score, ddp and ties
+    # speed: select, step, score, ddp and ties; mnist: one per network, sanity, SNIP
+    tables = {"speed": 5, "mnist": 4}.get(study, 1)
     assert sum(line.startswith("|---") for line in md.splitlines()) == tables
     png = next(tmp_path.glob("*.png")).read_bytes()
     assert png.startswith(PNG) and len(png) > 1000
@@ -42,6 +43,20 @@ def test_quick_study(study, tmp_path, capsys):
     if study == "accuracy":
         keys = {(r["method"], r["sparsity"], r["shuffle"]) for r in data["runs"]}
         assert len(keys) == 5 * 2 * 2
+    if study == "mnist":
+        runs = data["runs"]
+        assert {r["dataset"] for r in runs} == {"mnist5k"}
+        assert {r["model"] for r in runs} == {"lenet300_100", "lenet5_caffe"}
+        pruned = [r for r in runs if r["method"] != "unpruned"]
+        assert {(r["budget"], r["sanity"]) for r in pruned if r["model"] == "lenet300_100"} == {
+            ("global", None),
+            ("erk", None),
+            ("global", "reinit"),
+            ("global", "invert"),
+            ("global", "shuffle-layer"),
+        }
+        assert all(r["total"] - r["kept"] == round(r["sparsity"] * r["total"]) for r in pruned)
+        assert "| snip (invert) | global |" in md and "SNIP erk error (%)" in md
     if study == "speed":
         assert data["select"] and data["step"] and data["score"] and data["ddp"]
         assert {r["method"] for r in data["score"]} == {"reference", "ours"}

@@ -82,8 +82,15 @@ def _accuracy_axes(ax, runs: list[dict], title: str) -> None:
             color=colors[method],
             alpha=1.0 if variant is None else 0.55,
         )
-    ax.set_xscale("log")
-    ax.invert_xaxis()
+    kept = sorted({1 - r["sparsity"] for r in runs})
+    if len(kept) == 1:  # one sparsity: give the log axis a width
+        ax.set_xlim(2 * kept[0], 0.5 * kept[0])
+        ax.set_xscale("log")
+    else:
+        ax.set_xscale("log")
+        ax.invert_xaxis()
+    ax.set_xticks(kept, [f"{k:g}" for k in kept])  # the densities run, not log decades
+    ax.minorticks_off()
     ax.set_xlabel("fraction of weights kept (1 - sparsity)")
     ax.set_ylabel("test accuracy (%)")
     ax.grid(True, alpha=0.3)
@@ -95,16 +102,19 @@ def _accuracy_axes(ax, runs: list[dict], title: str) -> None:
 def plot_accuracy_vs_sparsity(runs: list[dict], path, *, title: str = "", panel=None) -> None:
     """Mean test accuracy vs sparsity per method (x: density, log), std error bars;
     a method's sanity variants share its colour, dashed. ``panel``: a function of a
-    run naming its subplot (one row of them), titled by that name."""
+    run naming its subplot (two to a row), titled by that name."""
     plt = figure()
     panels: dict[str, list[dict]] = defaultdict(list)
     for r in runs:
         panels[panel(r) if panel else title].append(r)
-    fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 4.5), squeeze=False)
-    for ax, (name, members) in zip(axes[0], panels.items()):
+    cols = min(2, len(panels))
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(7 * cols, 4.5 * rows), squeeze=False)
+    for ax, (name, members) in zip(axes.flat, panels.items()):
         _accuracy_axes(ax, members, name)
     if panel and title:
         fig.suptitle(title)
+    fig.tight_layout()
     save(fig, path)
     plt.close(fig)
 
