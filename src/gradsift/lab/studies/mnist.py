@@ -6,7 +6,7 @@ budget (Evci et al. 2020, arXiv:1911.11134; random under ERK is Liu et al. 2022,
 arXiv:2202.02643), 3 seeds, and the sanity variants of Frankle et al. 2021
 (arXiv:2009.08576) under the global budget.
 
-Sized for about an hour on 2 CPU cores (see ``PLAN``): LeNet-5-Caffe costs about 20x
+Sized for about an hour on 2 CPU cores (see ``PLAN``): LeNet-5-Caffe costs about 8x
 LeNet-300-100 per epoch, so it trains fewer epochs on fewer sparsities and gets two
 sanity variants at one sparsity. ``shuffle-global`` is left out on purpose: a global
 permutation of any mask is a uniformly random subset of the same size, which is
