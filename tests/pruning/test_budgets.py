@@ -73,8 +73,8 @@ def test_er_saturates_in_two_rounds_by_hand():
 
 
 def test_uniform_and_dense_first_by_hand():
-    # s = 0.25: K = 234; uniform: 234/312 everywhere
-    assert set(layer_densities(SHAPES, 0.25, "uniform").values()) == {234 / 312}
+    # s = 0.3: K = 312 - round(93.6) = 218; uniform: 218/312 everywhere (not 0.7)
+    assert set(layer_densities(SHAPES, 0.3, "uniform").values()) == {218 / 312}
     # dense-first: fc1 keeps 200, the others share 34 of 112: quotas 21.857, 12.143
     d = layer_densities(SHAPES, 0.25, "uniform+dense-first")
     assert d == {"fc1.weight": 1.0, "conv.weight": 34 / 112, "fc2.weight": 34 / 112}
@@ -206,6 +206,24 @@ def test_counts_respect_caps_and_floors(shapes, sparsity, budget, fractions, flo
     assert all(floors[n] <= counts[n] <= caps[n] for n in named)
 
 
+def test_capped_layer_surplus_is_shared_in_proportion_to_quotas():
+    # uniform at s = 0.5 over 100, 300, 100 weights: quotas 50, 150, 50 (K = 250). Layer
+    # a has only 10 alive: the 240 left go to b and c as 150 : 50, i.e. 180 and 60
+    shapes = {"a": (100,), "b": (300,), "c": (100,)}
+    caps = {"a": 10, "b": 300, "c": 100}
+    assert layer_counts(shapes, 0.5, "uniform", caps=caps) == {"a": 10, "b": 180, "c": 60}
+
+
+def test_floor_takes_from_the_other_layers():
+    # uniform at s = 0.99 over 1000 and 10 weights: K = 10, quotas 9.9 and 0.099; a
+    # floor of 2 gives the small layer 2 and the big one the 8 left
+    shapes = {"big": (1000,), "small": (10,)}
+    assert layer_counts(shapes, 0.99, "uniform") == {"big": 10, "small": 0}
+    assert layer_counts(shapes, 0.99, "uniform", floor=2) == {"big": 8, "small": 2}
+    with pytest.raises(ValueError, match="min_per_layer=6 needs 12 weights"):
+        layer_counts(shapes, 0.99, "uniform", floor=6)
+
+
 def test_masks_rank_within_each_layer():
     gen = torch.Generator().manual_seed(0)
     scores = {n: torch.randn(s, generator=gen) for n, s in SHAPES.items()}
@@ -241,7 +259,8 @@ def test_budget_with_previous_masks_and_guard_stays_exact():
 
 @pytest.mark.parametrize("bad", ["ERK", "layer", "erk2", ""])
 def test_bad_budget_lists_the_valid_ones(bad):
-    listed = str(list(BUDGETS)).replace("[", r"\[").replace("]", r"\]").replace("+", r"\+")
+    assert BUDGETS == ("global", "uniform", "er", "erk", "uniform+dense-first")
+    listed = r"\['global', 'uniform', 'er', 'erk', 'uniform\+dense-first'\]"
     with pytest.raises(ValueError, match=f"budget must be one of {listed}, got '{bad}'"):
         masks_from_scores({"w": torch.ones(4, 4)}, 0.5, budget=bad)
     with pytest.raises(TypeError, match="budget must be one of"):

@@ -165,15 +165,15 @@ def sweep(args: argparse.Namespace) -> int:
     unknown = sorted(set(methods) - set(list_methods()))
     if unknown:
         raise ValueError(f"--methods: unknown {unknown}; choose from {list_methods()}")
+    # ``--shuffle`` and ``--sanity shuffle-layer`` are one run: run_sweep skips the twin
     variants = [None] + (["shuffle-layer"] if args.shuffle else []) + args.sanity
-    # ``--shuffle`` and ``--sanity shuffle-layer`` are one run (RunSpec.variant)
     specs = [
         _spec(args, method=m, sparsity=s, seed=seed, budget=b, sanity=v)
         for m in methods
         for s in args.sparsities
         for seed in args.seeds
         for b in args.budgets
-        for v in dict.fromkeys(variants)  # once each, in order
+        for v in variants
     ]
     out = Path(args.out)
     path = out / "results.json"
