@@ -5,9 +5,11 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 import gradsift
 from gradsift.lab import cli, runs
+from gradsift.pruning import layer_counts
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -135,6 +137,12 @@ def test_bench_select_json(tmp_path, capsys):
         (["train", "--model", "alexnet"], "invalid choice"),
         (["prune", "--method", "l1"], "invalid choice"),
         (["sweep", "--methods", "snip,l1"], "unknown ['l1']"),
+        (
+            ["prune", "--method", "snip", "--budget", "ERK"],
+            "budget must be one of ['global', 'uniform', 'er', 'erk', 'uniform+dense-first']",
+        ),
+        (["sweep", "--budgets", "erk,bogus"], "budget must be one of ['global', 'uniform'"),
+        (["train", "--sanity", "shuffle"], "sanity must be one of ['reinit', 'invert'"),
         (["train", "--dataset", "cifar10"], "needs --data-root"),
         (["train", "--dataset", "cifar10", "--data-root", "/nonexistent"], "never downloads"),
     ],
@@ -219,3 +227,36 @@ def test_verbose_after_the_subcommand_and_defaults_in_help(capsys, tmp_path):
 def test_sweep_singular_flags_are_used_not_ignored():
     args = cli.build_parser().parse_args(["sweep", "--method", "snip", "--sparsity", "0.7"])
     assert args.methods == ["snip"] and args.sparsities == [0.7]
+
+
+def test_prune_with_a_budget_and_a_sanity_variant(tmp_path, capsys):
+    argv = ["prune", "--method", "snip", "--sparsity", "0.9", "--budget", "erk"]
+    assert cli.main([*argv, "--sanity", "invert", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "report.json").read_text())
+    masks = torch.load(tmp_path / "masks.pt")
+    shapes = {n: m.shape for n, m in masks.items()}
+    assert {x["name"]: x["kept"] for x in report["layers"]} == layer_counts(shapes, 0.9, "erk")
+
+
+def test_sweep_over_budgets_and_sanity_variants(tmp_path, monkeypatch):
+    specs = []
+    monkeypatch.setattr(runs, "run_one", lambda spec, **kw: specs.append(spec) or _fake(spec))
+    argv = ["sweep", "--methods", "snip", "--sparsities", "0.8,0.9", "--seeds", "0"]
+    argv += ["--budgets", "global,erk", "--shuffle", "--sanity", "shuffle-layer,invert"]
+    assert cli.main([*argv, "--out", str(tmp_path)]) == 0
+    got = [(s.sparsity, s.budget, s.variant) for s in specs]
+    variants = (None, "shuffle-layer", "invert")  # --shuffle and shuffle-layer: one run
+    assert got == [(s, b, v) for s in (0.8, 0.9) for b in ("global", "erk") for v in variants]
+
+
+def _fake(spec):
+    return {
+        "key": spec.key(),
+        "method": spec.method,
+        "sparsity": spec.sparsity,
+        "seed": spec.seed,
+        "budget": spec.budget,
+        "sanity": spec.variant,
+        "shuffle": spec.variant == "shuffle-layer",
+        "test_accuracy": 0.5,
+    }

@@ -84,6 +84,19 @@ _density = _number("density", "(0, 1]")
 _lr = _number("lr", "(0, inf)")
 
 
+def _budget(text: str) -> str:
+    from gradsift.pruning.budgets import check_budget
+
+    return _checked(check_budget)(text)
+
+
+def _sanity(text: str) -> str:
+    from gradsift.pruning.sanity import check_sanity
+
+    _checked(check_sanity)(text)
+    return text
+
+
 def _device(text: str) -> str:
     """A device this torch can use: ``cpu``, ``cuda``, ``cuda:1`` ..."""
     import torch
@@ -128,6 +141,18 @@ def _add_common(
             help="pruning-at-init method (default: no pruning)",
         )
         p.add_argument("--sparsity", type=_sparsity, default=0.9, help="fraction pruned")
+        p.add_argument(
+            "--budget",
+            type=_budget,
+            default="global",
+            help="layer-wise budget: global, uniform, er, erk, uniform+dense-first",
+        )
+        p.add_argument(
+            "--sanity",
+            type=_sanity,
+            default=None,
+            help="sanity-check variant: reinit, invert, shuffle-layer, shuffle-global",
+        )
     p.add_argument(
         "--iterations",
         type=_positive_int,
@@ -209,7 +234,21 @@ def _train_parsers(sub) -> None:
     )
     w.add_argument("--seeds", type=_list_of(int), default=[0, 1, 2], help="comma-separated")
     w.add_argument(
+        "--budgets",
+        "--budget",
+        type=_list_of(_budget),
+        default=["global"],
+        help="comma-separated layer-wise budgets (global, uniform, er, erk, uniform+dense-first)",
+    )
+    w.add_argument(
         "--shuffle", action="store_true", help="also run each with layer-wise shuffled masks"
+    )
+    w.add_argument(
+        "--sanity",
+        type=_list_of(_sanity),
+        default=[],
+        help="also run each with these comma-separated sanity variants "
+        "(reinit, invert, shuffle-layer, shuffle-global)",
     )
     w.set_defaults(func=commands.sweep, out="gradsift-sweep")
 
@@ -269,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except (ValueError, TypeError, FileNotFoundError) as exc:
+    except (ValueError, TypeError, FileNotFoundError, ImportError) as exc:
         print(f"gradsift: error: {exc}", file=sys.stderr)
         return 2
     except RankFailedError as exc:

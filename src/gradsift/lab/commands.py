@@ -46,6 +46,8 @@ def _spec(args: argparse.Namespace, **overrides):
         seed=args.seed,
         train=cfg,
         data_root=args.data_root,
+        budget=getattr(args, "budget", "global"),  # a sweep names budgets in overrides
+        sanity=getattr(args, "sanity", None),
     )
     fields.update(overrides)
     return RunSpec(**fields)
@@ -107,7 +109,14 @@ def prune(args: argparse.Namespace) -> int:
     model = build_model(args.model, input_shape=ds.input_shape, num_classes=ds.num_classes)
     model.to(args.device)
     masks = prune_for_run(
-        model, ds, args.method, args.sparsity, iterations=args.iterations, seed=args.seed
+        model,
+        ds,
+        args.method,
+        args.sparsity,
+        iterations=args.iterations,
+        seed=args.seed,
+        budget=args.budget,
+        sanity=args.sanity,
     )
     report = sparsity_report(model)
     print(report)
@@ -156,20 +165,25 @@ def sweep(args: argparse.Namespace) -> int:
     unknown = sorted(set(methods) - set(list_methods()))
     if unknown:
         raise ValueError(f"--methods: unknown {unknown}; choose from {list_methods()}")
+    # ``--shuffle`` and ``--sanity shuffle-layer`` are one run: run_sweep skips the twin
+    variants = [None] + (["shuffle-layer"] if args.shuffle else []) + args.sanity
     specs = [
-        _spec(args, method=m, sparsity=s, seed=seed, shuffle=shuffle)
+        _spec(args, method=m, sparsity=s, seed=seed, budget=b, sanity=v)
         for m in methods
         for s in args.sparsities
         for seed in args.seeds
-        for shuffle in ([False, True] if args.shuffle else [False])
+        for b in args.budgets
+        for v in variants
     ]
     out = Path(args.out)
     path = out / "results.json"
 
     def report(r):
+        budget = "" if r["budget"] == "global" else f" budget {r['budget']}"
+        sanity = f" {r['sanity']}" if r["sanity"] else ""
         print(
             f"  {r['method']:>9} sparsity {r['sparsity']:.3f} seed {r['seed']}"
-            f"{' shuffled' if r['shuffle'] else ''}: acc {r['test_accuracy']:.4f}"
+            f"{budget}{sanity}: acc {r['test_accuracy']:.4f}"
         )
 
     runs = run_sweep(specs, path, on_result=report)

@@ -1,9 +1,13 @@
-"""A small model zoo: MLP, LeNet-5, CIFAR VGG-11/16/19 (with/without BatchNorm),
-CIFAR ResNet-20/32. Each takes ``input_shape`` (C, H, W) and ``num_classes`` so it
-runs on 8x8 digits as well as on 32x32 CIFAR.
+"""A small model zoo: MLP (LeNet-300-100), LeNet-5, LeNet-5-Caffe, CIFAR
+VGG-11/16/19 (with/without BatchNorm), CIFAR ResNet-20/32. Each takes ``input_shape``
+(C, H, W) and ``num_classes`` so it runs on 8x8 digits as well as on 32x32 CIFAR
+(LeNet-5-Caffe, unpadded, needs at least 16x16).
 
 - LeNet-5: LeCun, Bottou, Bengio & Haffner, "Gradient-based learning applied to
   document recognition", Proc. IEEE 1998.
+- LeNet-300-100 and LeNet-5-Caffe: the MNIST networks of Lee, Ajanthan & Torr,
+  "SNIP: Single-shot Network Pruning based on Connection Sensitivity", ICLR 2019,
+  arXiv:1810.02340, Table 2 (after Han et al. 2015, arXiv:1506.02626).
 - VGG: Simonyan & Zisserman, "Very Deep Convolutional Networks for Large-Scale Image
   Recognition", 2014, arXiv:1409.1556 (CIFAR variant: one linear classifier after
   global pooling, as used in the SNIP/GraSP/SynFlow experiments).
@@ -24,6 +28,7 @@ __all__ = [
     "list_models",
     "MLP",
     "LeNet5",
+    "LeNet5Caffe",
     "VGG",
     "CifarResNet",
     "CifarResNet18",
@@ -71,6 +76,36 @@ class LeNet5(nn.Module):
             nn.Linear(120, 84),
             nn.ReLU(),
             nn.Linear(84, num_classes),
+        )
+
+    def forward(self, x):
+        return self.classifier(self.features(x))
+
+
+class LeNet5Caffe(nn.Module):
+    """Caffe's LeNet as SNIP prunes it: conv 20@5x5, max-pool 2, conv 50@5x5, max-pool
+    2, fc 500 + ReLU, fc 10, no padding (28x28 -> 4x4x50 = 800 features) and, as in
+    Caffe's ``lenet_train_test.prototxt`` and SNIP's code, no ReLU after the convs."""
+
+    def __init__(self, input_shape=(1, 28, 28), num_classes=10):
+        super().__init__()
+        side = min(input_shape[1:])
+        if ((side - 4) // 2 - 4) // 2 < 1:
+            raise ValueError(
+                f"lenet5_caffe has no padding and needs inputs of at least 16x16, "
+                f"got {tuple(input_shape[1:])}"
+            )
+        self.features = nn.Sequential(
+            nn.Conv2d(input_shape[0], 20, 5),
+            nn.MaxPool2d(2),
+            nn.Conv2d(20, 50, 5),
+            nn.MaxPool2d(2),
+            nn.Flatten(),
+        )
+        self.classifier = nn.Sequential(
+            nn.Linear(_flat_size(self.features, input_shape), 500),
+            nn.ReLU(),
+            nn.Linear(500, num_classes),
         )
 
     def forward(self, x):
@@ -177,7 +212,9 @@ class CifarResNet18(nn.Module):
 
 _MODELS: dict[str, Callable[..., nn.Module]] = {
     "mlp": MLP,
+    "lenet300_100": lambda **kw: MLP(hidden=(300, 100), **kw),
     "lenet5": LeNet5,
+    "lenet5_caffe": LeNet5Caffe,
     "vgg11": lambda **kw: VGG(11, batch_norm=False, **kw),
     "vgg11_bn": lambda **kw: VGG(11, batch_norm=True, **kw),
     "vgg16": lambda **kw: VGG(16, batch_norm=False, **kw),

@@ -19,10 +19,12 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from gradsift.pruning.masks import apply_masks_, check_sparsity, masks_from_scores, shuffle_masks
+from gradsift.pruning.budgets import check_budget
+from gradsift.pruning.masks import apply_masks_, check_sparsity, masks_from_scores
 from gradsift.pruning.params import Selector, mask_of, prunable
 from gradsift.pruning.registry import checked_options, get_method, score
 from gradsift.pruning.sampling import replayable
+from gradsift.pruning.sanity import check_sanity, inverted, sanity_masks_
 from gradsift.pruning.schedules import round_sparsities
 
 __all__ = ["prune_at_init", "round_sparsities"]
@@ -34,11 +36,13 @@ def prune_at_init(
     sparsity: float,
     data: Iterable | None = None,
     *,
-    scope: str = "global",
+    budget=None,
+    scope: str | None = None,
     iterations: int = 1,
     schedule: str = "exponential",
     min_per_layer: int = 0,
     shuffle: bool = False,
+    sanity: str | None = None,
     generator: torch.Generator | None = None,
     params: Selector = None,
     **options,
@@ -53,13 +57,18 @@ def prune_at_init(
         sparsity: fraction of the scored weights removed, in [0, 1).
         data: ``(inputs, targets)`` batches for data-driven methods; a one-pass
             generator is read once and every round sees the same batches.
-        scope: ``"global"`` ranks all layers together, ``"layer"`` each layer alone.
+        budget: ``"global"`` (default) ranks all layers together; ``"uniform"``,
+            ``"er"``, ``"erk"``, ``"uniform+dense-first"`` or a callable fix each
+            layer's exact count and rank within it (``gradsift.pruning.budgets``).
+        scope: the older name: ``"layer"`` is ``budget="uniform"``.
         iterations: rounds of score-then-prune (SynFlow uses 100). A method with its own
             schedule (``get_method(m).takes_sparsity``) runs it within each round.
         schedule: ``"exponential"`` (density ``ρ^(i/n)``) or ``"linear"``.
         min_per_layer: keep at least this many weights per layer (collapse guard).
-        shuffle: permute each layer's final mask (Frankle et al. 2021 sanity check).
-        generator: RNG for ``shuffle``.
+        shuffle: permute each layer's final mask (``sanity="shuffle-layer"``).
+        sanity: a sanity-check variant, ``"reinit"``, ``"invert"``,
+            ``"shuffle-layer"`` or ``"shuffle-global"`` (``gradsift.pruning.sanity``).
+        generator: RNG for the shuffles and ``"reinit"``.
         params: which weights (see ``gradsift.score``).
         **options: passed to the scorer (see ``gradsift.score``).
 
@@ -68,6 +77,8 @@ def prune_at_init(
         installed (a weight pruned before stays pruned).
     """
     check_sparsity(sparsity)
+    budget = check_budget(budget, scope)
+    sanity = check_sanity(sanity, shuffle)
     targets = round_sparsities(sparsity, iterations, schedule)
     entry = get_method(method)
     data = replayable(data)
@@ -82,18 +93,15 @@ def prune_at_init(
             target_option = {"sparsity": target} if entry.takes_sparsity else {}
             scores = score(model, method, data, params=params, **options, **target_option)
         masks = masks_from_scores(
-            scores,
+            inverted(scores, sanity),
             target,
-            scope=scope,
+            budget=budget,
             previous=masks,
             min_per_layer=min_per_layer,
             workspace=workspace,
         )
         apply_masks_(model, masks)
-    if shuffle:
-        masks = shuffle_masks(masks, generator=generator)
-        apply_masks_(model, masks, replace=True)
-    return masks
+    return sanity_masks_(model, masks, sanity, generator=generator)
 
 
 def _installed(model: nn.Module, params: Selector, sparsity: float) -> dict | None:

@@ -9,6 +9,8 @@ the same code path that the tests run.
 4. ``speed``: every benchmark.
 5. ``ddp``: distributed top-k under emulated bandwidth limits.
 6. ``agreement``: SNIP and GraSP against the authors' code on a BatchNorm ResNet-20.
+7. ``mnist``: accuracy vs sparsity on MNIST-5k (LeNet-300-100, LeNet-5-Caffe), every
+   method under the global and ERK budgets, with sanity variants.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from gradsift.lab.studies.accuracy import accuracy
 from gradsift.lab.studies.agreement import agreement
 from gradsift.lab.studies.collapse import collapse
 from gradsift.lab.studies.ddp import ddp
+from gradsift.lab.studies.mnist import mnist
 from gradsift.lab.studies.speed import speed
 from gradsift.lab.studies.topk import topk
 
@@ -32,6 +35,7 @@ STUDIES = {
     "speed": speed,
     "ddp": ddp,
     "agreement": agreement,
+    "mnist": mnist,
 }
 
 
