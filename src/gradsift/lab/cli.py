@@ -9,8 +9,34 @@ import argparse
 import logging
 import sys
 
-from gradsift.checks import check_float
 from gradsift.lab import commands
+from gradsift.lab.arg_types import (
+    budget as _budget,
+)
+from gradsift.lab.arg_types import (
+    checked as _checked,
+)
+from gradsift.lab.arg_types import (
+    density as _density,
+)
+from gradsift.lab.arg_types import (
+    device as _device,
+)
+from gradsift.lab.arg_types import (
+    list_of as _list_of,
+)
+from gradsift.lab.arg_types import (
+    lr as _lr,
+)
+from gradsift.lab.arg_types import (
+    positive_int as _positive_int,
+)
+from gradsift.lab.arg_types import (
+    sanity as _sanity,
+)
+from gradsift.lab.arg_types import (
+    sparsity as _sparsity,
+)
 from gradsift.lab.comm import COMMS
 from gradsift.lab.launch import RankFailedError
 from gradsift.lab.shaping import check_rate
@@ -37,83 +63,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-def _checked(check, *args):
-    """An argparse ``type`` from a library check: its ValueError is argparse's error."""
-
-    def parse(text: str):
-        try:
-            return check(*args, text)
-        except (ValueError, TypeError) as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-
-    return parse
-
-
-def _number(name: str, interval: str):
-    def check(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise ValueError(f"{name} must be a number, got {text!r}") from None
-        return check_float(name, value, interval)
-
-    return _checked(check)
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
-
-
-def _list_of(parse):
-    def parse_list(text: str):
-        return [parse(t) for t in text.split(",") if t.strip()]
-
-    return parse_list
-
-
-_sparsity = _number("sparsity", "[0, 1)")
-_density = _number("density", "(0, 1]")
-_lr = _number("lr", "(0, inf)")
-
-
-def _budget(text: str) -> str:
-    from gradsift.pruning.budgets import check_budget
-
-    return _checked(check_budget)(text)
-
-
-def _sanity(text: str) -> str:
-    from gradsift.pruning.sanity import check_sanity
-
-    _checked(check_sanity)(text)
-    return text
-
-
-def _device(text: str) -> str:
-    """A device this torch can use: ``cpu``, ``cuda``, ``cuda:1`` ..."""
-    import torch
-
-    try:
-        device = torch.device(text)
-    except RuntimeError:
-        raise argparse.ArgumentTypeError(
-            f"not a torch device: {text!r} (cpu, cuda, cuda:0, ...)"
-        ) from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: CUDA is not available (this torch build or machine has no GPU)"
-        )
-    if device.type not in ("cpu", "cuda"):
-        raise argparse.ArgumentTypeError(f"{text!r}: gradsift runs on cpu or cuda devices")
-    return text
 
 
 def _command(sub, name: str, help: str) -> argparse.ArgumentParser:  # noqa: A002

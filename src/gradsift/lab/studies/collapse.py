@@ -58,6 +58,7 @@ class Setting:
     # a method that prunes afresh at every compression (its own schedule, or rounds)
     # costs a whole pruning run per point: it gets this coarser grid
     afresh_step: float = 0.25
+    steps: int | None = None  # FORCE/Iterative SNIP steps; None: the paper's 60
 
     def exponents(self, afresh: bool = False) -> list[float]:
         step = self.afresh_step if afresh else self.step
@@ -72,8 +73,8 @@ _FULL = (
     Setting("resnet20", (3, 32, 32), 10, 10, 100, 4, False, afresh_step=0.5),
 )
 _QUICK = (
-    Setting("vgg11_bn", (3, 8, 8), 10, 4, 5, 3, True),
-    Setting("resnet20", (3, 8, 8), 10, 1, 5, 3, False, step=0.5, afresh_step=0.5),
+    Setting("vgg11_bn", (3, 8, 8), 10, 4, 5, 3, True, step=0.5, afresh_step=1.0, steps=3),
+    Setting("resnet20", (3, 8, 8), 10, 1, 5, 3, False, step=0.5, afresh_step=1.0, steps=3),
 )
 
 
@@ -105,6 +106,7 @@ def _rows(method, model, data, setting: Setting) -> list[dict]:
         samples_per_class=setting.per_class,
         num_classes=setting.classes,
         input_shape=setting.input_shape,
+        **({} if setting.steps is None else {"steps": setting.steps}),
     )
     afresh = _prunes_afresh(method)
     scores = None if afresh else score(model, method, data, **options)
