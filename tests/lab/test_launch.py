@@ -119,3 +119,9 @@ def test_a_failing_rank_is_named_in_one_line():
     ):
         launch.run_processes(ddp_workers.fail_on_rank_one, (launch.free_port(),), 2)
     assert time.monotonic() - start < 30, "the other rank must be stopped, not waited for"
+
+
+def test_train_nproc_2_with_powersgd(tmp_path):
+    gradsift(*TRAIN, "--epochs", "1", "--nproc", "2", "--comm", "powersgd", "--out", str(tmp_path))
+    record = json.loads((tmp_path / "result.json").read_text())
+    assert record["world_size"] == 2 and record["compression_ratio"] > 1

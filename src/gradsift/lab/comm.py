@@ -17,9 +17,45 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_
 
 from gradsift.distributed import TopKHookState, dgc_warmup, topk_hook
 
-__all__ = ["COMMS", "make_hook"]
+__all__ = ["COMMS", "PowerSGDRunState", "make_hook"]
 
 COMMS = ("allreduce", "fp16", "powersgd", "topk", "topk-dgc")
+
+
+class PowerSGDRunState(powerSGD_hook.PowerSGDState):
+    """torch's PowerSGD state with what a gradsift run asks of every hook state:
+    ``compression_ratio`` and ``state_dict``/``load_state_dict`` for checkpoints.
+
+    The ratio is torch's own count, numel before over numel after compression
+    (both float32, so it is also the bytes ratio); like torch, it leaves out the
+    ``start_powerSGD_iter`` plain-allreduce warm-up steps. The saved state is the
+    iteration, the error feedback, the P/Q warm-start memories and the sketching
+    RNG: enough to resume bit-for-bit, in tensors a ``weights_only`` load accepts.
+    """
+
+    _TENSOR_DICTS = ("error_dict", "p_memory_dict", "q_memory_dict")
+
+    @property
+    def compression_ratio(self) -> float:
+        before, after = self.total_numel_before_compression, self.total_numel_after_compression
+        return before / after if after else 1.0
+
+    def state_dict(self) -> dict:
+        out = {name: {k: v.clone() for k, v in getattr(self, name).items()}
+               for name in self._TENSOR_DICTS}  # fmt: skip
+        kind, keys, pos, has_gauss, gauss = self.rng.get_state()
+        out["rng"] = [kind, torch.from_numpy(keys.copy()), pos, has_gauss, gauss]
+        out["counters"] = [self.iter, self.total_numel_before_compression,
+                           self.total_numel_after_compression]  # fmt: skip
+        return out
+
+    def load_state_dict(self, state: dict) -> None:
+        for name in self._TENSOR_DICTS:
+            setattr(self, name, {k: v.clone() for k, v in state[name].items()})
+        kind, keys, pos, has_gauss, gauss = state["rng"]
+        self.rng.set_state((kind, keys.numpy().copy(), pos, has_gauss, gauss))
+        (self.iter, self.total_numel_before_compression,
+         self.total_numel_after_compression) = state["counters"]  # fmt: skip
 
 
 def make_hook(
@@ -39,9 +75,7 @@ def make_hook(
     if comm == "fp16":
         return None, default_hooks.fp16_compress_hook, momentum
     if comm == "powersgd":
-        state = powerSGD_hook.PowerSGDState(
-            None, matrix_approximation_rank=4, start_powerSGD_iter=2
-        )
+        state = PowerSGDRunState(None, matrix_approximation_rank=4, start_powerSGD_iter=2)
         return state, powerSGD_hook.powerSGD_hook, momentum
     if comm == "topk":
         state = TopKHookState(
