@@ -10,19 +10,21 @@ loopback, every byte the ranks exchanged, divided by the ranks.
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import statistics
+import tempfile
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, TensorDataset
 
+from gradsift.lab.atomic import atomic_write_json, read_json
 from gradsift.lab.comm import make_hook
-from gradsift.lab.launch import free_port
+from gradsift.lab.launch import free_port, run_processes
 from gradsift.lab.models import build_model
 from gradsift.lab.shaping import ENV, loopback_bytes, run_shaped
 from gradsift.lab.tables import Column, columns
@@ -118,7 +120,7 @@ def _no_comm(model_name, steps, batch) -> dict:
     return {"hook": "one process, no communication", "step_ms": 1e3 * statistics.median(times)}
 
 
-def _job(rank, world, port, model_name, variants, steps, batch, queue) -> None:
+def _job(rank, world, port, model_name, variants, steps, batch, out) -> None:
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=300))
     torch.set_num_threads(1)  # two processes share the machine's cores
@@ -133,22 +135,19 @@ def _job(rank, world, port, model_name, variants, steps, batch, queue) -> None:
         dist.barrier()
         torch.set_num_threads(1)
         rows.append(_no_comm(model_name, steps, batch))
-        queue.put(rows)
+        atomic_write_json(out, rows)
     else:
         dist.barrier()
     dist.destroy_process_group()
 
 
 def _two_ranks(model, variants, steps, batch) -> list[dict]:
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    args = (2, free_port(), model, list(variants), steps, batch, queue)
-    procs = [ctx.Process(target=_job, args=(r, *args)) for r in range(2)]
-    for p in procs:
-        p.start()
-    rows = queue.get(timeout=3600)
-    for p in procs:
-        p.join()
+    """Both ranks' rows, through a file; a rank that dies raises ``RankFailedError``
+    (rather than leaving this process waiting for rows that never come)."""
+    with tempfile.TemporaryDirectory(prefix="gradsift-bench-ddp-") as tmp:
+        out = str(Path(tmp) / "rows.json")
+        run_processes(_job, (2, free_port(), model, list(variants), steps, batch, out), 2)
+        rows = read_json(out)
     base = next((r["step_ms"] for r in rows if r["hook"] == "allreduce" and "step_ms" in r), None)
     for r in rows:
         if base and "step_ms" in r:
