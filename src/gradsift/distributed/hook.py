@@ -95,7 +95,8 @@ def _finish(state: TopKHookState, stash) -> None:
     group = state.process_group
     world = dist.get_world_size(group)
     entries = _layout(stash)
-    flat = torch.cat([stash[slot][0][off : off + size] for _, size, slot, off in entries])
+    parts = [stash[slot][0][off : off + size] for _, size, slot, off in entries]
+    flat = torch.cat(parts, out=state.flat_buffer(parts[0], sum(p.numel() for p in parts)))
     n, element = flat.numel(), flat.element_size()
     state.bytes_dense += n * element
     finite = _exchange_header(state, flat, [(key, size) for key, size, _, _ in entries], world)

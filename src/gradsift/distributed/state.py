@@ -60,7 +60,7 @@ class TopKHookState(HasBudget):
     __slots__ = (
         "budget", "error_feedback", "start_iter", "dense_if_larger", "process_group",
         "encoding", "value_dtype", "momentum_correction", "warmup", "clip_norm",
-        "grad_scaler", *_SAVED, "_keys", "_workspace", "_stash",
+        "grad_scaler", *_SAVED, "_keys", "_workspace", "_stash", "_flat",
     )  # fmt: skip
 
     def __init__(
@@ -100,6 +100,21 @@ class TopKHookState(HasBudget):
         self.layout: list[tuple[tuple[int, int], int]] = []
         self._keys: dict[int, tuple[int, int]] = {}  # id(param) -> key, this process only
         self._workspace, self._stash = Workspace(), []
+        self._flat = None  # the step's concatenated gradient, reused (see flat_buffer)
+
+    def flat_buffer(self, like: torch.Tensor, n: int) -> torch.Tensor:
+        """A length-``n`` buffer for the concatenated gradient, kept across steps: a
+        fresh 47 MB tensor page-faults on every step (cat 34 ms vs 10 ms into a kept
+        buffer at ResNet-18's size, one thread)."""
+        flat = self._flat
+        if (
+            flat is None
+            or flat.numel() != n
+            or flat.dtype != like.dtype
+            or flat.device != like.device
+        ):
+            self._flat = flat = torch.empty(n, dtype=like.dtype, device=like.device)
+        return flat
 
     def keys_of(self, bucket) -> list[tuple[int, int]]:
         """Residual keys of the bucket's parameters (assigned on first sight)."""
@@ -154,14 +169,14 @@ class TopKHookState(HasBudget):
         )
 
     def __getstate__(self):
-        skip = ("process_group", "grad_scaler", "_keys", "_workspace", "_stash")
+        skip = ("process_group", "grad_scaler", "_keys", "_workspace", "_stash", "_flat")
         return {s: getattr(self, s) for s in self.__slots__ if s not in skip}
 
     def __setstate__(self, state):
         for s, v in state.items():
             setattr(self, s, v)
         self.process_group = self.grad_scaler = None
-        self._keys, self._workspace, self._stash = {}, Workspace(), []
+        self._keys, self._workspace, self._stash, self._flat = {}, Workspace(), [], None
 
 
 def compress_(state: TopKHookState, grad: torch.Tensor, keys: list, sizes: list[int]):
