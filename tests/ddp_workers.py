@@ -123,7 +123,7 @@ def resume(rank, world, port, queue):
     model, ddp, state, opt = fresh()
     _train_steps(ddp, opt, rank, range(4))
     ckpt = {"model": model.state_dict(), "opt": opt.state_dict(), "hook": state.state_dict()}
-    residual_norm = sum(float(r.norm()) for r in ckpt["hook"]["residuals"].values())
+    residual_norm = float(ckpt["hook"]["residual"].norm())
     model, ddp, state, opt = fresh()
     model.load_state_dict(ckpt["model"])
     opt.load_state_dict(ckpt["opt"])
@@ -148,3 +148,175 @@ def dies(rank, world, port, queue):
         queue.put((rank, "no error", time.monotonic() - start))
     except Exception as exc:  # noqa: BLE001 - any error type is fine, hanging is not
         queue.put((rank, f"{type(exc).__name__}: {exc}"[:300], time.monotonic() - start))
+
+
+def bucketed_model(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(
+        *[m for _ in range(4) for m in (nn.Linear(40, 40), nn.ReLU())], nn.Linear(40, 5)
+    )
+
+
+def batch40(rank, step):
+    gen = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randn(16, 40, generator=gen), torch.randint(0, 5, (16,), generator=gen)
+
+
+def _steps(ddp, opt, rank, steps, seen=None):
+    for step in steps:
+        x, y = batch40(rank, step)
+        opt.zero_grad()
+        F.cross_entropy(ddp(x), y).backward()
+        opt.step()
+
+
+def resume_buckets(rank, world, port, queue, cap_mb):
+    """Resume mid-run with a fresh DDP whose buckets are laid out afresh."""
+    init(rank, world, port)
+
+    def fresh():
+        model = bucketed_model()
+        ddp = DDP(model, bucket_cap_mb=cap_mb)
+        state = TopKHookState(density=0.05)
+        buckets = []
+
+        def counting(st, bucket):
+            buckets.append(bucket.index())
+            return topk_hook(st, bucket)
+
+        ddp.register_comm_hook(state, counting)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
+        return model, ddp, state, opt, buckets
+
+    model, ddp, state, opt, buckets = fresh()
+    _steps(ddp, opt, rank, range(8))
+    full, per_step = flat_params(model), max(buckets) + 1  # after DDP rebuilds them
+    model, ddp, state, opt, _ = fresh()
+    _steps(ddp, opt, rank, range(4))
+    ckpt = {"model": model.state_dict(), "opt": opt.state_dict(), "hook": state.state_dict()}
+    model, ddp, state, opt, buckets = fresh()
+    model.load_state_dict(ckpt["model"])
+    opt.load_state_dict(ckpt["opt"])
+    state.load_state_dict(ckpt["hook"])
+    _steps(ddp, opt, rank, range(4, 8))
+    queue.put((rank, torch.equal(full, flat_params(model)), per_step, buckets[: len(buckets) // 4]))
+    dist.destroy_process_group()
+
+
+def scaler_skip(rank, world, port, queue):
+    """An inf on one rank under GradScaler: the step is skipped on both, state kept."""
+    init(rank, world, port)
+    model = small_model()
+    ddp = DDP(model)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    state = TopKHookState(density=0.1, start_iter=0, grad_scaler=scaler)
+    ddp.register_comm_hook(state, topk_hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    results = {}
+    for step in range(6):
+        x, y = batch(rank, step)
+        if step == 3 and rank == 1:
+            x = x * float("inf")
+        if step == 3:
+            before = (flat_params(model), state.residual.clone())
+        opt.zero_grad()
+        scaler.scale(F.cross_entropy(ddp(x), y)).backward()
+        scaler.step(opt)
+        scaler.update()
+        if step == 3:
+            after = (flat_params(model), state.residual.clone())
+            results["skipped"] = torch.equal(before[0], after[0])
+            results["residual_kept"] = torch.equal(before[1], after[1])
+            results["scale"] = scaler.get_scale()
+    results["identical"] = same_on_all_ranks(flat_params(model))
+    results["moved_after"] = not torch.equal(after[0], flat_params(model))
+    queue.put((rank, results))
+    dist.destroy_process_group()
+
+
+def dgc_two_ranks(rank, world, port, queue):
+    """The hook with momentum correction vs a float64 transcription of DGC (Alg. 1)."""
+    init(rank, world, port)
+    lr, m, k, steps = 0.1, 0.9, 40, 5
+    model = small_model().double()
+    ref = [p.detach().clone() for p in small_model().double().parameters()]
+    ddp = DDP(model)
+    ddp.register_comm_hook(TopKHookState(k=k, momentum_correction=m, start_iter=0), topk_hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=lr)
+    n = sum(p.numel() for p in ref)
+    u = [torch.zeros(n, dtype=torch.float64) for _ in range(world)]
+    v = [torch.zeros(n, dtype=torch.float64) for _ in range(world)]
+    for step in range(steps):
+        x, y = batch(rank, step)
+        opt.zero_grad()
+        F.cross_entropy(ddp(x.double()), y).backward()
+        opt.step()
+        update = torch.zeros(n, dtype=torch.float64)
+        for r in range(world):  # the reference sees every rank's batch
+            leaves = [p.clone().requires_grad_() for p in ref]
+            xr, yr = batch(r, step)
+            out = torch.func.functional_call(
+                small_model().double(),
+                dict(zip([name for name, _ in small_model().named_parameters()], leaves)),
+                (xr.double(),),
+            )
+            g = torch.cat(
+                [t.reshape(-1) for t in torch.autograd.grad(F.cross_entropy(out, yr), leaves)]
+            )
+            u[r] = m * u[r] + g
+            v[r] = v[r] + u[r]
+            top = torch.sort(-v[r].abs(), stable=True).indices[:k]
+            update[top] += v[r][top]
+            v[r][top] = 0
+            u[r][top] = 0
+        flat = torch.cat([p.reshape(-1) for p in ref]) - lr * update / world
+        ref = [t.view_as(p) for t, p in zip(torch.split(flat, [p.numel() for p in ref]), ref)]
+    diff = float((flat_params(model) - torch.cat([p.reshape(-1) for p in ref])).abs().max())
+    queue.put((rank, diff))
+    dist.destroy_process_group()
+
+
+def mismatched_state(rank, world, port, queue):
+    """Rank 1 resumes the hook from another model's state: an error on both ranks."""
+    init(rank, world, port, timeout_s=20)
+    ddp = DDP(small_model())
+    state = TopKHookState(density=0.1, start_iter=0)
+    if rank == 1:
+        other = TopKHookState(density=0.1)
+        from gradsift.distributed import compress_
+
+        compress_(other, torch.randn(100), [(0, 0)], [100])
+        state.load_state_dict(other.state_dict())
+    ddp.register_comm_hook(state, topk_hook)
+    start = time.monotonic()
+    try:
+        _train_steps(ddp, torch.optim.SGD(ddp.parameters(), lr=0.1), rank, range(2))
+        queue.put((rank, "no error", 0.0))
+    except Exception as exc:  # noqa: BLE001 - the message is what is checked
+        queue.put((rank, f"{type(exc).__name__}: {exc}"[:400], time.monotonic() - start))
+    dist.destroy_process_group()
+
+
+def raises(rank, world, port, queue):
+    """Rank 1 raises mid-training (and exits); rank 0 must fail with an error, not hang."""
+    init(rank, world, port, timeout_s=10)
+    ddp = DDP(small_model())
+    ddp.register_comm_hook(TopKHookState(density=0.1), topk_hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    _train_steps(ddp, opt, rank, range(3))
+    if rank == 1:
+        raise RuntimeError("rank 1 breaks on purpose")
+    start = time.monotonic()
+    try:
+        _train_steps(ddp, opt, rank, range(3, 6))
+        queue.put((rank, "no error", time.monotonic() - start))
+    except Exception as exc:  # noqa: BLE001 - any error type is fine, hanging is not
+        queue.put((rank, f"{type(exc).__name__}: {exc}"[:400], time.monotonic() - start))
+
+
+def fail_on_rank_one(rank, port):
+    """Rank 1 raises; rank 0 waits in a collective that can never complete."""
+    init(rank, 2, port, timeout_s=30)
+    if rank == 1:
+        raise ValueError("bad input on rank 1")
+    dist.barrier()

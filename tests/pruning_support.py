@@ -83,8 +83,9 @@ def assert_same(before, after):
     assert torch.equal(before["rng"], after["rng"])
 
 
-def flat_loss(model, names, data, temperature=1.0):
-    """loss(w) over ``data`` as a function of the scored weights, for autograd refs."""
+def flat_loss(model, names, data, temperature=1.0, weights=None):
+    """loss(w) over ``data`` as a function of the scored weights, for autograd refs:
+    the mean over all samples, or ``Σ_b weights[b] * (batch b's mean loss)``."""
     shapes = [model.get_parameter(n).shape for n in names]
 
     def f(w):
@@ -94,9 +95,12 @@ def flat_loss(model, names, data, temperature=1.0):
             offset += s.numel()
         count = sum(len(y) for _, y in data)
         total = 0.0
-        for x, y in data:
+        for b, (x, y) in enumerate(data):
             out = functional_call(model, params, (x,)) / temperature
-            total = total + nn.functional.cross_entropy(out, y, reduction="sum") / count
+            if weights is None:
+                total = total + nn.functional.cross_entropy(out, y, reduction="sum") / count
+            else:
+                total = total + weights[b] * nn.functional.cross_entropy(out, y)
         return total
 
     w = torch.cat([model.get_parameter(n).detach().reshape(-1) for n in names])
@@ -109,4 +113,80 @@ def unflatten(vec, model, names):
         p = model.get_parameter(n)
         out[n] = vec[offset : offset + p.numel()].view_as(p)
         offset += p.numel()
+    return out
+
+
+class Encoder(nn.Module):
+    """A small ``nn.TransformerEncoder`` classifier: 2 layers, width 8, 2 heads."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 2)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.head(self.encoder(x).mean(1))
+
+
+def encoder_data(n_batches=2, n=6, dtype=torch.float32):
+    gen = torch.Generator().manual_seed(0)
+    return [
+        (torch.randn(n, 4, 8, generator=gen, dtype=dtype), torch.arange(n) % 3)
+        for _ in range(n_batches)
+    ]
+
+
+class Tied(nn.Module):
+    """Token ids -> logits with two ties: ``decoder.weight = embedding.weight`` (a
+    language model's tied head) and ``b.weight = a.weight`` (two Linear layers)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embedding = nn.Embedding(10, 6)
+        self.a = nn.Linear(6, 6)
+        self.b = nn.Linear(6, 6)
+        self.b.weight = self.a.weight
+        self.decoder = nn.Linear(6, 10, bias=False)
+        self.decoder.weight = self.embedding.weight
+
+    def forward(self, ids):
+        h = torch.relu(self.b(torch.relu(self.a(self.embedding(ids)))))
+        return self.decoder(h).mean(1)
+
+
+def token_data(n_batches=2, n=20, classes=10):
+    gen = torch.Generator().manual_seed(0)
+    return [
+        (torch.randint(0, 10, (n, 5), generator=gen), torch.arange(n) % classes)
+        for _ in range(n_batches)
+    ]
+
+
+class DictModel(nn.Module):
+    """A Hugging Face style model: keyword tensors in, ``{"logits": ...}`` out (its
+    arguments in another order than the batch's keys)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.body = nn.Sequential(nn.Embedding(10, 6), nn.Linear(6, 6), nn.ReLU())
+        self.classifier = nn.Linear(6, 3)
+
+    def forward(self, attention_mask, input_ids):
+        h = self.body(input_ids)
+        h = (h * attention_mask[..., None]).sum(1) / attention_mask.sum(1, keepdim=True)
+        return {"logits": self.classifier(h)}
+
+
+def dict_data(n_batches=2, n=6):
+    gen = torch.Generator().manual_seed(0)
+    out = []
+    for _ in range(n_batches):
+        mask = torch.ones(n, 5)
+        mask[:, 3:] = (torch.rand(n, 2, generator=gen) > 0.5).float()
+        ids = torch.randint(0, 10, (n, 5), generator=gen)
+        out.append({"input_ids": ids, "attention_mask": mask, "labels": torch.arange(n) % 3})
     return out

@@ -85,29 +85,21 @@ def test_one_step_changes_exactly_top_k(k):
 
 def test_tied_weight_listed_twice_is_one_coordinate_set():
     # the tied weight appears twice in the list the optimizer is built from, as when a
-    # user concatenates module parameter lists; TopK must hold and step it once
+    # user concatenates module parameter lists; TopK must hold and select it once
     torch.manual_seed(0)
-    model, ref = Net(), Net()
-    ref.load_state_dict(model.state_dict())
+    model = Net()
     listed = [model.emb.weight, model.hidden.weight, model.hidden.bias, model.out.weight]
     assert listed[0] is listed[3]
     with pytest.warns(UserWarning, match="duplicate parameters"):
         inner = torch.optim.SGD(listed, lr=0.1)
-    opt = TopK(inner, density=1.0)
-    n = sum(p.numel() for p in listed[:3])
-    assert sum(b.grad.numel() for b in opt._buckets) == n
-    ref_opt = torch.optim.SGD(listed_of(ref), lr=0.1)
-    for step in range(3):
-        for m, o in ((model, opt), (ref, ref_opt)):
-            o.zero_grad()
-            loss_of(m, step).backward()
-            o.step()
-    for p, q in zip(model.parameters(), ref.parameters()):
-        torch.testing.assert_close(p, q, rtol=0, atol=1e-15)
-
-
-def listed_of(model):
-    return [model.emb.weight, model.hidden.weight, model.hidden.bias]
+    opt = TopK(inner, k=7, error_feedback=False)
+    assert sum(b.grad.numel() for b in opt._grads.buckets) == sum(p.numel() for p in listed[:3])
+    loss_of(model, 0).backward()
+    grads = [p.grad.clone() for p in listed[:3]]
+    opt.sparsify_()
+    flat, mask = brute_force_topk(grads, 7)
+    got = torch.cat([p.grad.reshape(-1) for p in listed[:3]])
+    torch.testing.assert_close(got, torch.where(mask, flat, 0.0), rtol=0, atol=0)
 
 
 def test_tensor_scope_selects_within_each_tensor():
@@ -514,3 +506,151 @@ def test_momentum_correction_bad_arguments(kwargs, match):
         TopK(
             torch.optim.SGD(Net().parameters(), lr=0.1, momentum=0.9), k=3, momentum_correction=0.9
         )
+
+
+# --- issue 15: silent wrong results and crashes seen on real setups ---------------
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, weight_decay=0.1),
+        lambda ps: torch.optim.Adam(ps, lr=0.1, weight_decay=0.1),
+    ],
+    ids=["sgd-momentum-wd", "adam"],
+)
+def test_parameter_without_gradient_is_left_alone(make):
+    # a layer unused in the forward (or a step with no backward at all) has no
+    # gradient: the inner optimizer alone leaves it alone, and so must TopK
+    torch.manual_seed(0)
+    model = Net()
+    opt = TopK(make(trainable(model)), k=5)
+    unused = [p.detach().clone() for p in model.unused.parameters()]
+    for step in range(3):
+        opt.zero_grad()
+        loss_of(model, step).backward()
+        opt.step()
+    for p, q in zip(model.unused.parameters(), unused):
+        assert torch.equal(p, q), "a parameter that never had a gradient moved"
+    before = [p.detach().clone() for p in model.parameters()]
+    opt.zero_grad()
+    opt.step()  # no backward at all since zero_grad
+    for p, q in zip(model.parameters(), before):
+        assert torch.equal(p, q), "a step without any gradient moved a parameter"
+
+
+def test_in_place_gradients_without_backward_still_count():
+    p = nn.Parameter(torch.zeros(4))
+    opt = TopK(torch.optim.SGD([p], lr=1.0), k=1)
+    p.grad.copy_(torch.tensor([0.0, 2.0, -3.0, 1.0]))  # written into the view, no backward
+    opt.step()
+    assert p.tolist() == [0.0, 0.0, 3.0, 0.0]
+
+
+def test_model_converted_after_building_topk():
+    torch.manual_seed(0)
+    model = Net(torch.float32)
+    ref = Net(torch.float32)
+    ref.load_state_dict(model.state_dict())
+    opt = TopK(torch.optim.SGD(model.parameters(), lr=0.1), k=7)
+    ref_opt = TopK(torch.optim.SGD(ref.parameters(), lr=0.1), k=7)
+    for m, o in ((model, opt), (ref, ref_opt)):  # one float32 step builds residuals
+        o.zero_grad()
+        loss_of(m, 0).backward()
+        o.step()
+    model.to(torch.float64)
+    ref_opt.zero_grad()
+    ref.to(torch.float64)
+    ref_opt = TopK(torch.optim.SGD(ref.parameters(), lr=0.1), k=7)
+    ref_opt.load_state_dict(opt.state_dict())  # the residuals, carried over by hand
+    for step in (1, 2):
+        for m, o in ((model, opt), (ref, ref_opt)):
+            o.zero_grad()
+            loss_of(m, step).backward()
+            o.step()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        assert p.dtype == torch.float64 and torch.equal(p, q)
+    assert all(opt.state[p]["residual"].dtype == torch.float64 for p in trainable(model))
+
+
+def test_closure_reaches_an_optimizer_that_needs_it():
+    torch.manual_seed(0)
+    target = torch.randn(6, dtype=torch.float64)
+
+    def run(wrap):
+        w = nn.Parameter(torch.zeros(6, dtype=torch.float64))
+        inner = torch.optim.LBFGS([w], lr=1.0, max_iter=5)
+        opt = TopK(inner, density=1.0) if wrap else inner
+
+        def closure():
+            opt.zero_grad()
+            loss = ((w - target) ** 2).sum()
+            loss.backward()
+            return loss
+
+        for _ in range(2):
+            opt.step(closure)
+        return w.detach()
+
+    assert torch.equal(run(True), run(False))
+
+
+def test_full_density_is_the_inner_optimizer_bit_for_bit():
+    torch.manual_seed(0)
+    shapes = [(300, 301), (7,), (40_000,)]
+    a = [nn.Parameter(torch.randn(s)) for s in shapes]
+    b = [nn.Parameter(p.detach().clone()) for p in a]
+    opt_a = TopK(torch.optim.SGD(a, lr=0.3), density=1.0)
+    opt_b = torch.optim.SGD(b, lr=0.3)
+    for step in range(3):
+        gen = torch.Generator().manual_seed(step)
+        for p, q in zip(a, b):
+            g = torch.randn(p.shape, generator=gen)
+            p.grad.copy_(g)
+            q.grad = g.clone()
+        opt_a.step()
+        opt_b.step()
+    for p, q in zip(a, b):
+        assert torch.equal(p, q)
+
+
+def test_sparse_gradients_are_refused_or_densified_clearly():
+    emb = nn.Embedding(10, 4, sparse=True)
+    with pytest.raises(TypeError, match="SparseAdam"):
+        TopK(torch.optim.SparseAdam(emb.parameters(), lr=0.1), k=3)
+    opt = TopK(torch.optim.SGD(emb.parameters(), lr=1.0), k=3, error_feedback=False)
+    opt.zero_grad(set_to_none=True)
+    emb(torch.tensor([1, 2])).sum().backward()
+    assert emb.weight.grad.is_sparse
+    before = emb.weight.detach().clone()
+    opt.step()  # densified: the same update a dense Embedding would get
+    changed = (emb.weight != before).sum()
+    assert int(changed) == 3
+
+
+def test_channels_last_parameters_keep_their_gradient_layout():
+    torch.manual_seed(0)
+    conv = nn.Conv2d(3, 8, 3).to(memory_format=torch.channels_last)
+    ref = nn.Conv2d(3, 8, 3).to(memory_format=torch.channels_last)
+    ref.load_state_dict(conv.state_dict())
+    opt = TopK(torch.optim.SGD(conv.parameters(), lr=0.1), k=20)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    x = torch.randn(2, 3, 6, 6).to(memory_format=torch.channels_last)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch's "gradient layout contract" warning
+        conv(x).sum().backward()
+    assert conv.weight.grad.stride() == conv.weight.stride()
+    ref(x).sum().backward()
+    flat, mask = brute_force_topk([p.grad for p in ref.parameters()], 20)
+    offset = 0
+    for p in ref.parameters():  # the reference: plain SGD on the brute-force top-k
+        n = p.numel()
+        kept = torch.where(mask[offset : offset + n], flat[offset : offset + n], 0.0)
+        p.grad.copy_(kept.view_as(p))
+        offset += n
+    opt.step()
+    ref_opt.step()
+    for p, q in zip(conv.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, rtol=0, atol=1e-7)

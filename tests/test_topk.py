@@ -39,6 +39,10 @@ def make(kind: str, n: int, gen: torch.Generator) -> torch.Tensor:
         x = torch.zeros(n, dtype=torch.float64)
         x[torch.randint(0, n, (max(1, n // 50),), generator=gen)] = 1.0
         return x
+    if kind == "sparse":  # a pruned model's gradient: the cut lands on the zeros
+        x = torch.zeros(n, dtype=torch.float64)
+        x[torch.randint(0, n, (min(n, 30),), generator=gen)] = -2.0
+        return x
     if kind == "huge":
         x = torch.randn(n, generator=gen, dtype=torch.float64) * 1e-3
         x[torch.randint(0, n, (3,), generator=gen)] = 1e30
@@ -54,7 +58,7 @@ def make(kind: str, n: int, gen: torch.Generator) -> torch.Tensor:
     raise AssertionError(kind)
 
 
-KINDS = ["normal", "equal", "zeros", "huge", "sorted", "heavy", "negative", "ties"]
+KINDS = ["normal", "equal", "zeros", "sparse", "huge", "sorted", "heavy", "negative", "ties"]
 
 
 @settings(max_examples=150, deadline=None)
@@ -260,3 +264,27 @@ def test_topk_mask_bracket_fallback(monkeypatch):
     assert full == [x.numel()], "the bracket missed, so the whole key must be selected over"
     with pytest.raises(ValueError, match="1 NaN"):
         sel.topk_mask(torch.tensor([1.0, float("nan")]), 1)
+
+
+@pytest.mark.parametrize("k", [100, 30_000])  # block path, direct path
+def test_plateau_at_the_cut_reads_only_what_it_keeps(monkeypatch, k):
+    # keys tied at the cut: the lowest-index ties are found with an early stop, never
+    # by materialising the whole plateau as candidates
+    x = torch.zeros(1_000_000)
+    x[torch.arange(7, 1_000_000, 99_991)] = 3.0  # 11 spikes, then zeros
+    seen = []
+    real = _topk_exact.exact
+    monkeypatch.setattr(
+        _topk_sampled, "exact", lambda v, i, k: seen.append(v.numel()) or real(v, i, k)
+    )
+    check(x, k)
+    assert seen == [], "fewer than k keys above the cut: no exact stage over candidates"
+
+
+def test_numpy_and_tensor_integers_are_accepted_as_k():
+    import numpy as np
+
+    x = torch.randn(100, generator=torch.Generator().manual_seed(7))
+    expected = topk_indices(x, 3)
+    assert torch.equal(topk_indices(x, np.int64(3)), expected)
+    assert torch.equal(topk_indices(x, torch.tensor(3)), expected)

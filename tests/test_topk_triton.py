@@ -6,14 +6,13 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_topk import make, reference
-from triton_support import DEVICE, DTYPES, compile_for_h200
 
 from gradsift import _topk_triton, topk_indices
-from gradsift._topk_triton import Selection, stage_kernel
-from gradsift._triton_keys import FLAG, NAN_KEY, TOTALS, block_keys_kernel
-from gradsift._triton_radix import scan_kernel
+from gradsift._topk_triton import Selection
+from gradsift._triton_keys import FLAG, NAN_KEY, TOTALS
 from gradsift.topk import topk_mask
+from test_topk import make, reference
+from triton_support import DEVICE, DTYPES
 
 KINDS = ["normal", "equal", "zeros", "huge", "sorted", "heavy", "negative", "ties"]
 
@@ -87,7 +86,9 @@ def _run(x, k):
     return sel
 
 
-def test_staged_path_filters_candidates():
+def test_staged_path_filters_candidates(monkeypatch):
+    # at this small N the default slack alone covers every block: shrink it
+    monkeypatch.setattr(_topk_triton, "SLACK", 64)
     x = torch.randn(20_000, generator=torch.Generator().manual_seed(0))
     sel = _run(x, 20)
     assert sel.staged and sel.cap < sel.nblocks
@@ -131,31 +132,3 @@ def test_float64_and_bad_backend():
         topk_indices(x, 5, backend="cuda")
     with pytest.raises(ValueError, match="backend must be one of"):
         topk_mask(x, 5, backend=None)
-
-
-_POINTERS = dict(
-    x_ptr="*fp32", r_ptr="*fp32", u_ptr="*fp32", m="fp32", keys_ptr="*i32",
-    cand_ptr="*i32", state_ptr="*i32", hist_ptr="*i32", counts_ptr="*i32",
-    out_ptr="*i64", val_ptr="*fp32", n="i32", nblocks="i32", cap="i32", k="i32",
-    nprog="i32",
-)  # fmt: skip
-
-
-@pytest.mark.parametrize(
-    "phase, p, out, stage",
-    [(0, 0, 0, 0), (0, 3, 1, 1), (1, 4, 1, 1), (2, 4, 0, 0), (2, 4, 1, 1), (2, 4, 2, 1)],
-)
-def test_stage_kernel_compiles_for_sm90(phase, p, out, stage):
-    sig = _POINTERS | ({"out_ptr": "*i32"} if out == 0 else {"out_ptr": "*u8"} if out == 2 else {})
-    consts = dict(STAGE=stage, ALL=out == 2, MODE=2, ABSOLUTE=True, BITS=32)
-    consts |= dict(PHASE=phase, P=p, OUT=out, FLAGS=phase == 0 and p == 0)
-    assert compile_for_h200(stage_kernel, sig, consts).asm["cubin"]
-
-
-def test_key_and_scan_kernels_compile_for_sm90():
-    sig = dict(x_ptr="*bf16", r_ptr="*bf16", u_ptr="*bf16", m="fp32", keys_ptr="*i32")
-    sig |= dict(state_ptr="*i32", n="i32", nblocks="i32")
-    assert compile_for_h200(block_keys_kernel, sig, dict(MODE=2, ABSOLUTE=False, BITS=16))
-    sig = dict(counts_ptr="*i32", state_ptr="*i32", nblocks="i32", cap="i32")
-    assert compile_for_h200(scan_kernel, sig, dict(STAGE=1, ALL=False))
-

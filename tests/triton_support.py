@@ -16,15 +16,3 @@ import triton  # noqa: E402,F401  (fails loudly where the dev extra was not inst
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 DTYPES = [torch.float16, torch.bfloat16, torch.float32]
-
-
-def compile_for_h200(fn, signature: dict, constexprs: dict):
-    """Compile ``fn`` ahead of time for sm_90 (H100/H200), no GPU needed: the check that
-    the kernels build for a real device, not only under the interpreter."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    sig = dict(signature) | {name: "constexpr" for name in constexprs}
-    src = ASTSource(fn, sig, constexprs=constexprs)
-    options = {"enable_fp_fusion": False}
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)

@@ -148,17 +148,28 @@ class TritonStep:
         return self.selection.state[FLAG] != 0
 
 
+def _fused_bucket(opt):
+    """The one bucket the fused step runs on, or None where it does not apply:
+    several buckets, ``scope="layer"``, a gradient missing or outside the buckets,
+    float64, or every coordinate kept (the inner optimizer's dense step then runs)."""
+    grads = opt._grads
+    if grads.stale() or len(grads.buckets) != 1 or opt.scope != "global":
+        return None
+    b = grads.buckets[0]
+    outside = any(p.grad is not None and id(p) not in grads.ids for p in opt._params())
+    if outside or b.grad.dtype not in DTYPES or not all(b.present(grads.tracker.touched)):
+        return None
+    if opt.budget.resolve(b.grad.numel()) >= b.grad.numel():
+        return None
+    return b if b.attach_grads_() else None
+
+
 def triton_step_(opt) -> bool:
-    """``TopK.step`` for ``backend="triton"`` after the closure: False (nothing done)
-    where the fused path does not apply (several buckets, ``scope="layer"``, missing
-    gradients, float64), and the caller runs the torch path."""
+    """``TopK.step`` for ``backend="triton"``: False (nothing done) where the fused
+    path does not apply (``_fused_bucket``), and the caller runs the torch path."""
     opt.found_nonfinite = None
-    complete = [b.attach_grads_() for b in opt._buckets]
-    params = [p for p in opt._params() if p.grad is not None]
-    b = opt._buckets[0] if len(opt._buckets) == 1 else None
-    if b is None or opt.scope != "global" or not complete[0] or len(params) != len(b.params):
-        return False
-    if b.grad.dtype not in DTYPES:
+    b = _fused_bucket(opt)
+    if b is None:
         return False
     if getattr(opt, "_triton_step", None) is None or opt._triton_step.bucket is not b:
         opt._triton_step = TritonStep(b)
@@ -174,7 +185,7 @@ def triton_step_(opt) -> bool:
     opt.found_nonfinite = opt._triton_step.found_nonfinite
     if not plain:
         if bool(opt.found_nonfinite):  # the one host sync of this case
-            check_finite_grads(params, [b.grad], opt._name)
+            check_finite_grads(b.params, [b.grad], opt._name)
             raise ValueError("the error-feedback sum holds NaN; nothing was modified")
         opt.optimizer.step()
     return True

@@ -69,11 +69,26 @@ def top_mask(key: torch.Tensor, k: int) -> torch.Tensor:
     at_least = key >= v
     if int(torch.count_nonzero(at_least)) == k:  # no surplus ties at v: the usual case
         return at_least
-    # surplus ties at v: keep the lowest-index ones (a cumsum over N would be slower)
+    # surplus ties at v: keep the lowest-index ones, read only as far as needed
     chosen = key > v
     need = k - int(torch.count_nonzero(chosen))
-    chosen[torch.nonzero(key == v).squeeze(1)[:need]] = True
+    chosen[equal_positions(key, v, need)] = True
     return chosen
+
+
+def equal_positions(key: torch.Tensor, v, need: int) -> torch.Tensor:
+    """The lowest ``need`` (or fewer) positions with ``key == v``, chunk by chunk,
+    stopping as soon as enough are found (a plateau is not read to its end)."""
+    found, have = [], 0
+    for start in range(0, key.numel(), CHUNK):
+        pos = torch.nonzero(key[start : start + CHUNK] == v).squeeze(1) + start
+        found.append(pos)
+        have += pos.numel()
+        if have >= need:
+            break
+    if not found:
+        return torch.zeros(0, dtype=torch.int64, device=key.device)
+    return torch.cat(found)[:need]
 
 
 def kth_largest(key: torch.Tensor, k: int) -> torch.Tensor:
@@ -87,6 +102,10 @@ def kth_largest(key: torch.Tensor, k: int) -> torch.Tensor:
     if n < DENSE_BELOW:
         return kth_full(key, k)
     lo, hi = _bracket(key, k)
+    if lo == hi:  # a plateau (ties): count first, and there may be nothing to select
+        above_hi = int(torch.count_nonzero(key > hi))
+        if above_hi < k <= int(torch.count_nonzero(key >= lo)):
+            return hi
     above_hi, inside = 0, []
     for start in range(0, n, CHUNK):  # chunks keep the boolean temporaries in cache
         c = key[start : start + CHUNK]

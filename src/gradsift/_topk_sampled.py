@@ -9,6 +9,7 @@ arXiv:1712.01887); the block filter and the exact tie rule are ours.
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import torch
 
@@ -17,6 +18,7 @@ from gradsift._topk_exact import (
     SAMPLE,
     NaNError,
     dense,
+    equal_positions,
     exact,
     key,
     raise_nan,
@@ -115,11 +117,11 @@ def nonzero_1d(mask: torch.Tensor) -> torch.Tensor:
     return (torch.index_select(words, 0, flags >> 3) << 3) | (flags & 7)
 
 
-def _at_least(keys: torch.Tensor, t: float, mask: torch.Tensor | None = None):
-    """Positions and values of ``keys >= t``; raises ``NaNError`` on a NaN key."""
-    # ``~(keys < t)`` also admits NaN, which is then caught on the few survivors
+def _above(keys: torch.Tensor, t: float, mask: torch.Tensor | None = None):
+    """Positions and values of ``keys > t``; raises ``NaNError`` on a NaN key."""
+    # ``~(keys <= t)`` also admits NaN, which is then caught on the few survivors
     # instead of by a separate pass over every key
-    mask = torch.lt(keys, t, out=None if mask is None else mask[: keys.numel()])
+    mask = torch.le(keys, t, out=None if mask is None else mask[: keys.numel()])
     pos = nonzero_1d(mask.logical_not_())
     vals = torch.index_select(keys, 0, pos)
     if has_nan(vals):
@@ -127,24 +129,47 @@ def _at_least(keys: torch.Tensor, t: float, mask: torch.Tensor | None = None):
     return pos, vals
 
 
-def _from_blocks(x: torch.Tensor, keys: torch.Tensor, tk, absolute: bool):
-    """Indices (ascending) and keys of every ``key >= t`` (``tk``: t as a block key).
+def _block_index(blocks: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """Indices into ``x`` of positions ``pos`` in the gathered rows of ``blocks``."""
+    return (blocks[pos >> _SHIFT] << _SHIFT) | (pos & (BLOCK - 1))
 
-    Reads only the blocks whose largest key is ``>= tk``.
+
+def _from_blocks(x: torch.Tensor, keys: torch.Tensor, tk, absolute: bool):
+    """Indices (ascending) and keys of every ``key > t`` (``tk``: t as a block key).
+
+    Reads only the blocks whose largest key is ``> tk``.
     """
     nbody = keys.numel() * BLOCK
     rows = x[:nbody].view(-1, BLOCK)
     t = _as_float(tk, keys, x.dtype)
-    # ``~(m < tk)``: with float keys a NaN block (whose key is NaN) is gathered too
-    blocks = torch.nonzero(torch.lt(keys, tk).logical_not_()).squeeze(1)
-    pos, vals = _at_least(key(torch.index_select(rows, 0, blocks), absolute).flatten(), t)
-    tail_pos, tail_vals = _at_least(key(x[nbody:], absolute), t)
-    idx = (blocks[pos >> _SHIFT] << _SHIFT) | (pos & (BLOCK - 1))
-    return torch.cat([idx, tail_pos + nbody]), torch.cat([vals, tail_vals])
+    # ``~(m <= tk)``: with float keys a NaN block (whose key is NaN) is gathered too
+    blocks = torch.nonzero(torch.le(keys, tk).logical_not_()).squeeze(1)
+    pos, vals = _above(key(torch.index_select(rows, 0, blocks), absolute).flatten(), t)
+    tail_pos, tail_vals = _above(key(x[nbody:], absolute), t)
+    return torch.cat([_block_index(blocks, pos), tail_pos + nbody]), torch.cat([vals, tail_vals])
+
+
+def _equal_in_blocks(x: torch.Tensor, keys: torch.Tensor, tk, need: int, absolute: bool):
+    """The lowest ``need`` (or fewer) indices with ``key == t``, reading blocks whose
+    largest key is ``>= tk`` in order and stopping once enough are found."""
+    nbody = keys.numel() * BLOCK
+    rows = x[:nbody].view(-1, BLOCK)
+    t = _as_float(tk, keys, x.dtype)
+    blocks = torch.nonzero(torch.ge(keys, tk)).squeeze(1)
+    found, have = [], 0
+    for s in range(0, blocks.numel(), CHUNK // BLOCK):
+        part = blocks[s : s + CHUNK // BLOCK]
+        pos = torch.nonzero(key(torch.index_select(rows, 0, part), absolute).flatten() == t)
+        found.append(_block_index(part, pos.squeeze(1)))
+        have += found[-1].numel()
+        if have >= need:
+            return torch.cat(found)[:need]
+    found.append(equal_positions(key(x[nbody:], absolute), t, need - have) + nbody)
+    return torch.cat(found)[:need]
 
 
 def _direct(x: torch.Tensor, t: float, absolute: bool):
-    """Indices (ascending) and keys of every ``key >= t``, chunk by chunk.
+    """Indices (ascending) and keys of every ``key > t``, chunk by chunk.
 
     Two chunk-sized buffers, reused across chunks, hold the keys and the mask: no
     N-sized allocation, and none that the allocator would hand back to the OS and
@@ -157,14 +182,41 @@ def _direct(x: torch.Tensor, t: float, absolute: bool):
     for start in range(0, x.numel(), CHUNK):
         chunk = x[start : start + CHUNK]
         keys = torch.abs(chunk, out=key_buf[: chunk.numel()]) if absolute else chunk
-        pos, v = _at_least(keys, t, mask_buf)
+        pos, v = _above(keys, t, mask_buf)
         idx.append(pos + start)
         vals.append(v)
     return torch.cat(idx), torch.cat(vals)
 
 
+def _at_threshold(above, equal, k: int):
+    """The exact top-k given the candidates strictly above a threshold ``t``.
+
+    ``above = (idx, vals)`` of every ``key > t``. If there are at least ``k``, the
+    k-th largest key exceeds ``t`` and the top-k is among them. Otherwise the k-th
+    largest is ``t`` itself (when enough keys equal it): every key above ``t`` plus
+    the lowest-index ties at ``t``, found by ``equal(need)`` with an early stop, so
+    that a plateau of equal keys (all-equal data, the zeros of a pruned model) costs
+    no more than reading the part of it that is kept. None when ``t`` is too high.
+    """
+    idx, vals = above
+    if idx.numel() >= k:
+        return exact(vals, idx, k)
+    need = k - idx.numel()
+    ties = equal(need)
+    if ties.numel() < need:
+        return None
+    return torch.sort(torch.cat([idx, ties])).values
+
+
+def _equal_direct(x: torch.Tensor, t: float, need: int, absolute: bool) -> torch.Tensor:
+    return equal_positions(key(x, absolute), t, need)
+
+
 def sampled(x: torch.Tensor, k: int, absolute: bool, keys=None) -> torch.Tensor:
     """Sampled threshold, then candidates, then exact; dense if every threshold fails.
+
+    Candidates are the keys strictly above the threshold ``t``, plus, when they are
+    fewer than ``k``, the lowest-index keys equal to ``t`` (see ``_at_threshold``).
 
     With few winners (``4k <= N / BLOCK``) the threshold is sampled from the block keys:
     if at least ``k`` blocks have a key ``>= t``, at least ``k`` elements are ``>= t``
@@ -176,14 +228,16 @@ def sampled(x: torch.Tensor, k: int, absolute: bool, keys=None) -> torch.Tensor:
             if keys is None:
                 keys = block_keys(x, absolute=absolute)
             for tk in thresholds(keys, k):
-                idx, vals = _from_blocks(x, keys, tk, absolute)
-                if idx.numel() >= k:
-                    return exact(vals, idx, k)
+                above = _from_blocks(x, keys, tk, absolute)
+                equal = partial(_equal_in_blocks, x, keys, tk, absolute=absolute)
+                if (chosen := _at_threshold(above, equal, k)) is not None:
+                    return chosen
         else:
             for t in thresholds(x, k, absolute):
-                idx, vals = _direct(x, t, absolute)
-                if idx.numel() >= k:
-                    return exact(vals, idx, k)
+                above = _direct(x, t, absolute)
+                equal = partial(_equal_direct, x, t, absolute=absolute)
+                if (chosen := _at_threshold(above, equal, k)) is not None:
+                    return chosen
     except NaNError:
         raise_nan(x)
     return dense(x, k, absolute)

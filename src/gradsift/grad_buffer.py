@@ -18,7 +18,48 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["FlatBucket", "build_buckets"]
+__all__ = ["FlatBucket", "GradTracker", "build_buckets", "memory_view"]
+
+
+def _dense_strides(t: torch.Tensor) -> bool:
+    """Whether ``t`` covers its memory exactly once (any dim order): contiguous,
+    channels_last, a transpose... Such a tensor has a flat view in memory order."""
+    dims = sorted((st, size) for st, size in zip(t.stride(), t.shape) if size != 1)
+    expected = 1
+    for st, size in dims:
+        if st != expected:
+            return False
+        expected *= size
+    return True
+
+
+def memory_view(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as a flat vector in memory order (``t`` must have dense strides)."""
+    return t.as_strided((t.numel(),), (1,))
+
+
+class GradTracker:
+    """Which parameters backward has accumulated a gradient into since ``reset``.
+
+    A zero-filled view cannot tell "no gradient" from "a zero gradient"; torch's
+    optimizers skip ``grad=None`` parameters entirely (no weight decay, no momentum),
+    so the wrapper must know which parameters backward actually reached. Uses
+    ``Tensor.register_post_accumulate_grad_hook``.
+    """
+
+    def __init__(self, params) -> None:
+        self.touched: set[int] = set()
+        self._handles = [p.register_post_accumulate_grad_hook(self._mark) for p in params]
+
+    def _mark(self, p: torch.Tensor) -> None:
+        self.touched.add(id(p))
+
+    def reset(self) -> None:
+        self.touched.clear()
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
 
 
 @dataclass
@@ -34,20 +75,52 @@ class FlatBucket:
     state: dict[str, torch.Tensor] = field(default_factory=dict)
     offsets: list[int] = field(default_factory=list)
 
+    zero_version: int = -1  # ``grad._version`` when last zeroed (nothing written since)
+
     def view(self, flat: torch.Tensor, i: int) -> torch.Tensor:
-        """The slice of ``flat`` that belongs to ``params[i]``, shaped like it."""
+        """The slice of ``flat`` that belongs to ``params[i]``, shaped like it, with its
+        strides (a channels_last weight gets a channels_last gradient: torch's
+        gradient layout contract, which backward checks)."""
         p = self.params[i]
-        return flat[self.offsets[i] : self.offsets[i] + p.numel()].view_as(p)
+        part = flat[self.offsets[i] : self.offsets[i] + p.numel()]
+        if _dense_strides(p):
+            return part.as_strided(p.shape, p.stride())
+        return part.view_as(p)
 
     def owns_grad(self, i: int) -> bool:
         """Whether ``params[i].grad`` is still the view into ``self.grad``."""
-        g = self.params[i].grad
+        g, p = self.params[i].grad, self.params[i]
         return (
             g is not None
+            and g.layout == torch.strided
             and g.data_ptr() == self.grad.data_ptr() + self.offsets[i] * self.grad.element_size()
-            and g.shape == self.params[i].shape
-            and g.is_contiguous()
+            and g.shape == p.shape
+            and g.stride() == self.view(self.grad, i).stride()
         )
+
+    def present(self, touched: set[int]) -> list[bool]:
+        """Which parameters have a gradient this step (call before ``attach_grads_``).
+
+        A gradient that backward reached (``touched``) or that the user assigned is
+        present. An untouched view of the buffer is present only if something wrote
+        into the buffer since it was zeroed: when backward reached no parameter at
+        all, any write counts for every view (gradients set in place by hand);
+        otherwise only a view that is not all zeros.
+        """
+        written = self.grad._version != self.zero_version
+        any_touched = any(id(p) in touched for p in self.params)
+        out = []
+        for i, p in enumerate(self.params):
+            if p.grad is None:
+                out.append(False)
+            elif id(p) in touched or not self.owns_grad(i):
+                out.append(True)
+            else:
+                out.append(written and (not any_touched or bool(p.grad.any())))
+        return out
+
+    def mark_zeroed(self) -> None:
+        self.zero_version = self.grad._version
 
     def matches(self) -> bool:
         """Whether every parameter still has the bucket's dtype and device.
@@ -71,8 +144,8 @@ class FlatBucket:
             if p.grad is None:
                 view.zero_()
                 complete = False
-            else:
-                view.copy_(p.grad)
+            else:  # a sparse gradient is densified: top-k reads every coordinate
+                view.copy_(p.grad.to_dense() if p.grad.layout != torch.strided else p.grad)
                 p.grad = view
         return complete
 
@@ -97,7 +170,9 @@ def build_buckets(params: list[torch.Tensor], *, state: tuple[str, ...] = ()) ->
         bucket = FlatBucket(ps, grad, flat_state, offsets)
         for i, p in enumerate(ps):  # views from the start, so backward fills the buffer
             if p.grad is not None:
-                bucket.view(grad, i).copy_(p.grad)
+                g = p.grad.to_dense() if p.grad.layout != torch.strided else p.grad
+                bucket.view(grad, i).copy_(g)
             p.grad = bucket.view(grad, i)
+        bucket.mark_zeroed()
         buckets.append(bucket)
     return buckets

@@ -24,17 +24,10 @@ from torch.optim import Optimizer
 
 from gradsift._triton_runtime import check_backend, fused_step_
 from gradsift.budget import Budget, HasBudget, check_scope
-from gradsift.checks import check_finite_grads
-from gradsift.grad_buffer import FlatBucket, build_buckets
+from gradsift.grad_set import GradSet
 from gradsift.optim_state import load_own_state, state_dict_with_own
 from gradsift.sparse_sgd import apply_sparse_sgd_, plain_sgd
-from gradsift.sparsify import (
-    Workspace,
-    check_momentum_correction,
-    sparsify_,
-    sparsify_grads_,
-    sparsify_tensors_,
-)
+from gradsift.sparsify import check_momentum_correction, sparsify_grads_
 
 __all__ = ["TopK", "sparsify_grads_"]
 
@@ -102,6 +95,11 @@ class TopK(HasBudget, Optimizer):
     ) -> None:
         if not isinstance(optimizer, Optimizer):
             raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer)}")
+        if isinstance(optimizer, torch.optim.SparseAdam):
+            raise TypeError(
+                "TopK cannot wrap SparseAdam: the top-k selection reads every coordinate, so "
+                "sparse gradients are densified; use Adam, or nn.Embedding(sparse=False)"
+            )
         self.budget = Budget(k=k, density=density)
         self.scope = check_scope(scope)
         self.momentum_correction = check_momentum_correction(momentum_correction)
@@ -164,15 +162,16 @@ class TopK(HasBudget, Optimizer):
         return out
 
     def _build(self) -> None:
-        """Flat buffers for the trainable parameters; existing state is carried over."""
+        """Flat buffers for the trainable parameters; existing state is carried over
+        (converted when ``model.to(...)`` changed a parameter's dtype or device)."""
         old = {p: {n: t.clone() for n, t in st.items()} for p, st in self.state.items()}
         trainable = [p for p in self._params() if p.requires_grad]
-        self._buckets: list[FlatBucket] = build_buckets(trainable, state=self._state_names())
-        self._bucketed = {id(p) for p in trainable}
-        self._workspaces = [Workspace() for _ in self._buckets]
-        self._sparse = None
+        touched = {id(p) for p in trainable if p.grad is not None}
+        if getattr(self, "_grads", None) is not None:
+            touched = self._grads.close()
+        self._grads = GradSet(trainable, self._state_names(), touched)
         self._contiguous = all(p.is_contiguous() for p in trainable)
-        for b in self._buckets:
+        for b in self._grads.buckets:
             for i, p in enumerate(b.params):
                 for name, flat in b.state.items():
                     self.state[p][name] = b.view(flat, i)
@@ -183,7 +182,9 @@ class TopK(HasBudget, Optimizer):
         self.optimizer.add_param_group(param_group)
         self._build()
 
-    def _own(self, p: torch.Tensor, name: str) -> torch.Tensor:
+    def _own(self, p: torch.Tensor, name: str) -> torch.Tensor | None:
+        if name not in self._state_names():
+            return None
         st = self.state[p]
         if name not in st:  # a parameter that was frozen when we were built
             st[name] = torch.zeros_like(p)
@@ -205,91 +206,74 @@ class TopK(HasBudget, Optimizer):
         Returns ``(indices, values)`` into the flat gradient on the fused path (one
         bucket, global scope, every gradient present), else None.
         """
-        complete = [b.attach_grads_() for b in self._buckets]
-        params = [p for p in self._params() if p.grad is not None]
-        loose = [p.grad for p in params if id(p) not in self._bucketed]
-        check_finite_grads(params, [b.grad for b in self._buckets] + loose, self._name)
-        m = self.momentum_correction
-        if (
-            self.scope == "global"
-            and len(self._buckets) == 1
-            and complete[0]
-            and len(params) == len(self._buckets[0].params)
-        ):
-            b = self._buckets[0]
-            k = self.budget.resolve(b.grad.numel())
-            return sparsify_(
-                b.grad,
-                k,
-                residual=b.state.get("residual"),
-                velocity=b.state.get("momentum"),
-                momentum=m or 0.0,
-                workspace=self._workspaces[0],
-            )
-        names = self._state_names()
+        selected = self._sparsify()
+        return None if selected is None else selected[:2]
 
-        def own(p, name):
-            return self._own(p, name) if name in names else None
-
-        triples = [(p.grad, own(p, "residual"), own(p, "momentum")) for p in params]
-        sparsify_tensors_(triples, self.budget, scope=self.scope, momentum=m or 0.0)
-        return None
+    def _sparsify(self):
+        if self._grads.stale():
+            self._build()
+        others = [p for p in self._params() if p.grad is not None and id(p) not in self._grads.ids]
+        present, complete = self._grads.prepare(others, self._name)
+        return self._grads.select(
+            present, complete, self.budget, self.scope, self.momentum_correction, self._own
+        )
 
     def step(self, closure=None):
         """Sparsify the gradients (see ``sparsify_``), then step the inner optimizer.
 
-        When the inner optimizer is plain SGD (no momentum, weight decay or hooks),
-        the update is applied to the selected coordinates only, which is the same
-        result as its dense step on the sparse gradient, without the dense pass.
+        Parameters that got no gradient are ``grad=None`` for the inner step, so it
+        skips them as it would without TopK. When the inner optimizer is plain SGD (no
+        momentum, weight decay or hooks) and not every coordinate is kept, the update
+        is applied to the selected coordinates only: the same result as its dense step
+        on the sparse gradient, without the dense pass. A ``closure`` is passed on to
+        the inner optimizer (LBFGS evaluates it several times), each evaluation
+        followed by the selection.
         """
-        loss = None
         if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+            return self._step_with_closure(closure)
         if self.backend == "triton" and fused_step_(self):
-            return loss
-        selected = self.sparsify_()
-        if selected is not None and self._contiguous and plain_sgd(self.optimizer):
+            return None
+        selected = self._sparsify()
+        if (
+            selected is not None
+            and selected[2] < selected[3]
+            and self._contiguous
+            and plain_sgd(self.optimizer)
+        ):
             lr_of = {id(q): g["lr"] for g in self.param_groups for q in g["params"]}
-            b = self._buckets[0]
-            apply_sparse_sgd_(b, [lr_of[id(p)] for p in b.params], *selected)
+            b = self._grads.buckets[0]
+            apply_sparse_sgd_(b, [lr_of[id(p)] for p in b.params], *selected[:2])
         else:
-            self.optimizer.step()
+            with self._grads.absent_as_none():
+                self.optimizer.step()
         if selected is not None:
             # until the buffer changes again, only these coordinates are non-zero
-            self._sparse = (self._buckets[0].grad._version, selected[0])
-        return loss
+            self._grads.sparse = (self._grads.buckets[0].grad._version, selected[0])
+        return None
+
+    def _step_with_closure(self, closure):
+        def sparse_closure():
+            with torch.enable_grad():
+                loss = closure()
+            self._sparsify()
+            return loss
+
+        with self._grads.absent_as_none():
+            return self.optimizer.step(sparse_closure)
 
     def zero_grad(self, set_to_none: bool = False) -> None:
-        """Zero gradients; by default keep them as views of the flat buffer (fast).
-
-        Right after a fused step only the k selected coordinates are non-zero; if the
-        buffer's version counter shows nothing touched it since, only they are zeroed.
-        """
-        sparse, self._sparse = self._sparse, None
-        for i, b in enumerate(self._buckets):
-            if i == 0 and sparse is not None and sparse[0] == b.grad._version:
-                b.grad[sparse[1]] = 0
-            else:
-                b.grad.zero_()
-            for j, p in enumerate(b.params):
-                if set_to_none:
-                    p.grad = None
-                elif p.grad is not None and not b.owns_grad(j):
-                    p.grad = b.view(b.grad, j)  # an assigned grad: back to the zeroed view
+        """Zero gradients; by default keep them as views of the flat buffer (fast)."""
+        if self._grads.stale():
+            self._build()
+        self._grads.zero_(set_to_none)
         for p in self._params():
-            if p.grad is not None and id(p) not in self._bucketed:
+            if p.grad is not None and id(p) not in self._grads.ids:
                 p.grad = None if set_to_none else p.grad.zero_()
 
     def memory_bytes(self) -> dict[str, int]:
         """Bytes TopK holds beyond the parameters and their gradients: ``state``
         (residuals, velocities) and ``workspace`` (block keys, scratch)."""
-        return {
-            "state": sum(
-                t.numel() * t.element_size() for b in self._buckets for t in b.state.values()
-            ),
-            "workspace": sum(w.nbytes() for w in self._workspaces),
-        }
+        return self._grads.nbytes()
 
     def state_dict(self) -> dict:
         """The inner optimizer's state dict, with ``residual`` (and ``momentum``) added."""

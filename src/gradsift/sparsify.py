@@ -28,7 +28,7 @@ from collections.abc import Iterable
 import torch
 
 from gradsift.budget import Budget, check_scope
-from gradsift.checks import check_float
+from gradsift.checks import check_float, has_nan, nan_count
 from gradsift.topk import (
     BLOCK,
     CHUNK,
@@ -88,9 +88,10 @@ def sparsify_(
     """
     if velocity is not None and residual is None:
         raise ValueError("momentum correction (velocity) needs error feedback (residual)")
-    if workspace is None:
+    if workspace is None or k >= grad.numel():
         src = _accumulate_(grad, residual, velocity, momentum)
-        idx = topk_indices(src, k)
+        idx = _keep_all(src) if k >= src.numel() else topk_indices(src, k)
+        workspace = None  # the gradient is not zeroed yet
     else:
         src = residual if residual is not None else grad
         keys = _fused_accumulate_(grad, residual, velocity, momentum, workspace)
@@ -105,6 +106,13 @@ def sparsify_(
         if state is not None:
             state.index_fill_(0, idx, 0)
     return idx, vals
+
+
+def _keep_all(src: torch.Tensor) -> torch.Tensor:
+    """Every index (k = N): no selection, but the same NaN policy as ``topk_indices``."""
+    if has_nan(src):
+        raise ValueError(f"x contains {nan_count(src)} NaN entries; top-k of NaN is undefined")
+    return torch.arange(src.numel(), device=src.device)
 
 
 def _accumulate_(grad, residual, velocity, momentum) -> torch.Tensor:

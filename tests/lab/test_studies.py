@@ -4,19 +4,25 @@ import json
 
 import pytest
 
+import gradsift
 from gradsift.lab import cli
+from gradsift.lab.bench.ddp_step import VARIANTS
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.mark.parametrize("study", ["collapse", "accuracy", "topk", "speed"])
+@pytest.mark.parametrize(
+    "study", ["collapse", "accuracy", "topk", "speed", "ddp", "agreement", "mnist"]
+)
 def test_quick_study(study, tmp_path, capsys):
     assert cli.main(["experiment", study, "--quick", "--out", str(tmp_path)]) == 0
     data = json.loads((tmp_path / f"{study}.json").read_text())
     assert data["study"] == study and data["quick"] is True
     assert data["command"] == f"gradsift experiment {study} --quick --out {tmp_path}"
     md = (tmp_path / f"{study}.md").read_text()
-    tables = 4 if study == "speed" else 1  # speed: select, step, score and ddp
+    # speed: select, step, score, ddp, ties, methods; ddp: its bench and time to accuracy;
+    # mnist: one per network, sanity, SNIP
+    tables = {"speed": 6, "ddp": 2, "mnist": 4}.get(study, 1)
     assert sum(line.startswith("|---") for line in md.splitlines()) == tables
     png = next(tmp_path.glob("*.png")).read_bytes()
     assert png.startswith(PNG) and len(png) > 1000
@@ -25,17 +31,57 @@ def test_quick_study(study, tmp_path, capsys):
         # the guard keeps every layer alive at every compression
         assert not any(r["collapsed_layers"] for r in rows if r["guard"])
         assert any(r["collapsed_layers"] for r in rows if not r["guard"])
-        top = max(r["log10_compression"] for r in rows)
-        assert all(s["guarded"] == top for s in data["summary"])
+        models = [s["model"] for s in data["settings"]]
+        assert models == ["vgg11_bn", "resnet20"]
+        # every registered method, on each network, from its registry entry alone
+        assert [(s["model"], s["method"]) for s in data["summary"]] == [
+            (m, method) for m in models for method in gradsift.list_methods()
+        ]
+        for s in data["summary"]:
+            top = max(r["log10_compression"] for r in rows if r["model"] == s["model"])
+            assert s["guarded"] == top
+        resnet = [s for s in data["summary"] if s["model"] == "resnet20"]
+        assert all(s["shortcuts_guarded"] == 3.0 for s in resnet)
+        assert any(r["collapsed_shortcuts"] for r in rows if not r["guard"])
+        assert all(r["shortcut_layers"] == 2 for r in rows if r["model"] == "resnet20")
     if study == "accuracy":
         keys = {(r["method"], r["sparsity"], r["shuffle"]) for r in data["runs"]}
         assert len(keys) == 5 * 2 * 2
+    if study == "mnist":
+        runs = data["runs"]
+        assert {r["dataset"] for r in runs} == {"mnist5k"}
+        assert {r["model"] for r in runs} == {"lenet300_100", "lenet5_caffe"}
+        pruned = [r for r in runs if r["method"] != "unpruned"]
+        assert {(r["budget"], r["sanity"]) for r in pruned if r["model"] == "lenet300_100"} == {
+            ("global", None),
+            ("erk", None),
+            ("global", "reinit"),
+            ("global", "invert"),
+            ("global", "shuffle-layer"),
+        }
+        assert all(r["total"] - r["kept"] == round(r["sparsity"] * r["total"]) for r in pruned)
+        assert "| snip (invert) | global |" in md and "SNIP erk error (%)" in md
     if study == "speed":
         assert data["select"] and data["step"] and data["score"] and data["ddp"]
         assert {r["method"] for r in data["score"]} == {"reference", "ours"}
-        assert [r["density"] for r in data["ddp"]] == [None, 0.01, 0.001]
+        hooks = [r["hook"] for r in data["ddp"]]
+        assert hooks == [*VARIANTS, "one process, no communication"]
+        assert all("step_ms" in r for r in data["ddp"]), data["ddp"]
         assert all(r["step_ms"] > 0 for r in data["ddp"])
         assert all(r["topk_ef_ms"] > 0 for r in data["step"])
+        assert {r["case"].split(" ")[0] for r in data["ties"]} == {"select", "TopK"}
+        assert [r["method"] for r in data["methods"]] == ["snip", "synflow"]
+    if study == "agreement":  # the rows that must agree (issue 16) do; chunking warns
+        rows = data["rows"]
+        same = [r["gradsift"] for r in rows if r["cosine"] > 0.999999 and r["jaccard_0.01"] == 1]
+        assert same == [
+            "GraSP default",
+            "GraSP chunk_size=10",
+            "GraSP chunks 8/8/4, batch_weighting=batch",
+            "SNIP default",
+            "SNIP num_batches=None, batch_weighting=batch",
+        ]
+        assert rows[1]["warned"] and not rows[0]["warned"]
     if study == "topk":
         assert {(r["grad_density"], r["error_feedback"]) for r in data["runs"]} == {
             (1.0, True),
@@ -46,3 +92,10 @@ def test_quick_study(study, tmp_path, capsys):
             (0.001, True),
             (0.001, False),
         }
+    if study == "ddp":
+        assert {r["bandwidth"] for r in data["bench"]} == {"1gbit"}
+        assert {r["comm"] for r in data["runs"]} == {"one process", "allreduce", "topk-dgc"}
+        assert all(
+            r["world_size"] == (1 if r["comm"] == "one process" else 2) for r in data["runs"]
+        )
+        assert all(s["step_ms"] > 0 for s in data["summary"])

@@ -99,3 +99,29 @@ def test_bad_sparsity(sparsity):
 def test_nan_scores_raise():
     with pytest.raises(ValueError, match="contains NaN"):
         masks_from_scores({"w": torch.tensor([1.0, float("nan")])}, 0.5)
+
+
+def test_guard_keeps_resnet20_shortcuts_alive_under_synflow():
+    """Synaptic-Flow#7: SynFlow at high compression prunes ResNet 1x1 projection
+    shortcuts away entirely; ``min_per_layer=1`` keeps each alive, total exact."""
+    from gradsift import prune_at_init
+    from gradsift.lab.models import build_model
+    from gradsift.lab.studies.collapse import shortcuts
+
+    shape, sparsity = (3, 8, 8), 1 - 1e-4
+    torch.manual_seed(0)
+    model = build_model("resnet20", input_shape=shape, num_classes=10)
+    twin = build_model("resnet20", input_shape=shape, num_classes=10)
+    twin.load_state_dict(model.state_dict())
+    plain = prune_at_init(model, "synflow", sparsity, input_shape=shape, iterations=3)
+    guarded = prune_at_init(
+        twin, "synflow", sparsity, input_shape=shape, iterations=3, min_per_layer=1
+    )
+    names = shortcuts(plain)
+    assert names == ["layers.3.shortcut.0.weight", "layers.6.shortcut.0.weight"]
+    assert all(int(plain[n].sum()) == 0 for n in names)  # the reported failure
+    assert all(int(guarded[n].sum()) >= 1 for n in names)
+    assert all(int(m.sum()) >= 1 for m in guarded.values())
+    total = sum(m.numel() for m in plain.values())
+    for masks in (plain, guarded):
+        assert sum(int(m.sum()) for m in masks.values()) == total - round(sparsity * total)

@@ -6,12 +6,15 @@ import torch
 import gradsift
 from gradsift.pruning import method_options, register_method, supported_options
 from gradsift.pruning.params import effective
-from gradsift.pruning.registry import _METHODS
+from gradsift.pruning.registry import _METHODS, checked_options, get_method
 from pruning_support import mlp
 
 
 def test_list_and_errors():
-    assert gradsift.list_methods() == ["grasp", "magnitude", "random", "snip", "synflow"]
+    assert gradsift.list_methods() == [
+        *("force", "grasp", "iter_snip", "magnitude", "ntk_sap", "prospr", "random"),
+        *("snip", "synflow", "synflow_l2"),
+    ]
     with pytest.raises(ValueError, match="needs data"):
         gradsift.score(mlp(), "snip")
     with pytest.raises(ValueError, match="method must be one of"):
@@ -58,3 +61,30 @@ def test_register_validates():
             gradsift.score(mlp(), "broken")
     finally:
         del _METHODS["broken"]
+
+
+def test_checked_options_fill_in_the_criterions_own_defaults(square_method):
+    # a rescorer gets every option with its value, registered defaults over fn's own
+    assert checked_options("squared", {}) == {"power": 4}
+    assert checked_options("squared", {"power": 1}) == {"power": 1}
+    assert checked_options("ntk_sap", {"seed": 3})["epsilon"] == 0.01
+    assert checked_options("ntk_sap", {"seed": 3})["seed"] == 3
+
+
+def test_a_criterion_with_a_sparsity_option_gets_each_rounds_target():
+    seen = []
+
+    def targeted(model, targets, data=None, *, sparsity: float = 0.5):
+        seen.append(sparsity)
+        return {name: effective(m, a).abs() for name, (m, a) in targets.items()}
+
+    register_method("targeted", targeted)
+    try:
+        assert get_method("targeted").takes_sparsity
+        assert not get_method("snip").takes_sparsity
+        gradsift.prune_at_init(mlp(), "targeted", 0.75, iterations=2)
+        assert seen == [0.5, 0.75]  # 1 - 0.25 ** (1/2), then the target
+        gradsift.prune_at_init(mlp(), "targeted", 0.2, schedule="linear", iterations=2)
+        assert seen[2:] == [0.1, 0.2]
+    finally:
+        del _METHODS["targeted"]

@@ -1,176 +1,51 @@
 """Top-k gradient compression with error feedback as a DDP communication hook.
 
 Deep Gradient Compression (Lin, Han, Mao, Wang & Dally, ICLR 2018, arXiv:1712.01887)
-sends only the largest gradient coordinates and accumulates the rest locally. Per
-DDP bucket ``b`` on each rank::
+sends only the largest gradient coordinates and accumulates the rest locally
+(``gradsift.distributed.state`` has the maths). The selection is over the whole
+model, as ``TopK``'s: every bucket's gradient is held until DDP hands over the last
+one; then, on every rank, in the same order:
 
-    a = g_b + r_b                      (error feedback: add what was held back)
-    S = top_k(|a|)                     (gradsift.topk_indices, exact)
-    r_b <- a with S zeroed             (what is kept for later; a = sent + r_b exactly)
-    all-gather (S, a[S]) from every rank, scatter-add into zeros, divide by world size
+1. a small all-gather of a header (finite flag, iteration, size, layout): a rank
+   whose state does not match the others' is an error on every rank, and a
+   non-finite gradient anywhere sends every bucket through a plain allreduce, so
+   that ``GradScaler`` sees the inf/NaN on every rank and skips the step (the
+   residuals are untouched);
+2. if the bytes model (``gradsift.distributed.cost``) says sparse pays: one
+   all-gather of every rank's encoded top-k (``gradsift.distributed.encoding``),
+   scatter-added and divided by the world size; else the residual is flushed into
+   a dense allreduce.
 
-Every rank decodes the same gathered lists, so every rank applies the same update.
-The hook state follows ``powerSGD_hook.PowerSGDState``: ``__slots__``, and plain
-allreduce for the first ``start_iter`` iterations, because DDP rebuilds its buckets
-after the first one. Residuals are stored per parameter, keyed by the parameter's
-``(bucket index, position)`` in DDP's *initial* bucket layout, which the first hook
-calls see and which any fresh DDP of the same model reproduces. A residual keyed by
-bucket index alone would be silently misaligned when a checkpoint is resumed: a new
-DDP starts with the initial layout, whose buckets can hold the same parameters in
-another order than the rebuilt ones the checkpoint was taken with.
+Every rank decodes the same messages, so every rank applies the same update, and
+because the selection never sees DDP's bucket boundaries, a resumed run (whose fresh
+DDP starts from the initial bucket layout) continues bit for bit with any number of
+buckets. A failed collective raises its own error (gloo's "connection closed by
+peer", a timeout) into every bucket's future, never a decoding error.
 
-When a bucket is so small that its sparse encoding (int64 index + value per
-coordinate) would not be smaller than the dense tensor, it is allreduced densely.
+The dense path of the first ``start_iter`` iterations is torch's own
+``allreduce_hook`` per bucket.
 """
 
 # No ``from __future__ import annotations`` here: DDP checks the hook's return
 # annotation against the real ``torch.futures.Future[torch.Tensor]`` object.
-import logging
-
 import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-from gradsift.budget import Budget, HasBudget
-from gradsift.checks import check_int
-from gradsift.sparsify import sparsify_
+from gradsift.checks import all_finite
+from gradsift.distributed import encoding as wire
+from gradsift.distributed.cost import sparse_pays
+from gradsift.distributed.state import (
+    TopKHookState,
+    compress_,
+    compress_into_,
+    match_layout_,
+    message_bytes,
+)
 
 __all__ = ["TopKHookState", "topk_hook", "compress_"]
 
-log = logging.getLogger(__name__)
-
-_INDEX_BYTES = 8  # int64 indices
-
-
-class TopKHookState(HasBudget):
-    """Hyper-parameters, residuals and traffic counters of ``topk_hook``.
-
-    Args:
-        density: fraction of each bucket's coordinates sent (or ``k`` per bucket).
-        error_feedback: keep unsent mass in per-bucket residuals (default True).
-        start_iter: iterations of plain allreduce before compressing (>= 2 with error
-            feedback, since DDP rebuilds buckets after iteration 1).
-        dense_if_larger: allreduce a bucket densely when sparse would not be smaller.
-        process_group: the group to communicate in (default: the world).
-
-    ``bytes_sent`` counts what this rank contributed (indices + values, or dense
-    tensors), ``bytes_dense`` what plain allreduce would have contributed for the
-    same buckets; ``compression_ratio`` is their quotient.
-    """
-
-    __slots__ = (
-        "budget",
-        "error_feedback",
-        "start_iter",
-        "dense_if_larger",
-        "process_group",
-        "iter",
-        "residuals",
-        "bytes_sent",
-        "bytes_dense",
-        "_keys",
-    )
-
-    def __init__(
-        self,
-        *,
-        density: float | None = None,
-        k: int | None = None,
-        error_feedback: bool = True,
-        start_iter: int = 2,
-        dense_if_larger: bool = True,
-        process_group=None,
-    ) -> None:
-        self.budget = Budget(k=k, density=density)
-        start_iter = check_int("start_iter", start_iter, minimum=0)
-        if error_feedback and start_iter < 2:
-            raise ValueError(
-                "start_iter must be >= 2 with error_feedback: DDP rebuilds its buckets after "
-                f"the first iteration, so residuals from it would be misaligned (got {start_iter})"
-            )
-        self.error_feedback = bool(error_feedback)
-        self.start_iter = start_iter
-        self.dense_if_larger = bool(dense_if_larger)
-        self.process_group = process_group
-        self.iter = 0
-        self.residuals: dict[tuple[int, int], torch.Tensor] = {}
-        self.bytes_sent = 0
-        self.bytes_dense = 0
-        self._keys: dict[int, tuple[int, int]] = {}  # id(param) -> key, this process only
-
-    def keys_of(self, bucket) -> list[tuple[int, int]]:
-        """Residual keys of the bucket's parameters (assigned on first sight)."""
-        keys = []
-        for pos, p in enumerate(bucket.parameters()):
-            keys.append(self._keys.setdefault(id(p), (bucket.index(), pos)))
-        return keys
-
-    @property
-    def compression_ratio(self) -> float:
-        """Dense bytes over bytes actually sent (1.0 before any compression)."""
-        return self.bytes_dense / self.bytes_sent if self.bytes_sent else 1.0
-
-    def state_dict(self) -> dict:
-        """Everything needed to resume: counters and residuals (cloned)."""
-        return {
-            "iter": self.iter,
-            "bytes_sent": self.bytes_sent,
-            "bytes_dense": self.bytes_dense,
-            "residuals": {i: r.clone() for i, r in self.residuals.items()},
-        }
-
-    def load_state_dict(self, state: dict) -> None:
-        self.iter = int(state["iter"])
-        self.bytes_sent = int(state["bytes_sent"])
-        self.bytes_dense = int(state["bytes_dense"])
-        self.residuals = {tuple(key): r.clone() for key, r in state["residuals"].items()}
-
-    def __getstate__(self):
-        skip = ("process_group", "_keys")
-        return {s: getattr(self, s) for s in self.__slots__ if s not in skip}
-
-    def __setstate__(self, state):
-        for s, v in state.items():
-            setattr(self, s, v)
-        self.process_group = None
-        self._keys = {}
-
-
-def compress_(state: TopKHookState, grad: torch.Tensor, keys: list, sizes: list[int]):
-    """Select what a bucket sends: ``(indices, values)``; updates its residuals.
-
-    ``grad`` (left unchanged) is the bucket's flat gradient, the concatenation of
-    parameters with residual ``keys`` and ``sizes``. Conservation: ``values``
-    scattered at ``indices`` plus the new residuals equals ``grad`` plus the old
-    residuals exactly (``gradsift.sparsify``).
-    """
-    residual = _bucket_residual(state, grad, keys, sizes) if state.error_feedback else None
-    idx, values = sparsify_(grad.clone(), state.budget.resolve(grad.numel()), residual=residual)
-    if residual is not None:
-        start = 0
-        for key, size in zip(keys, sizes):
-            state.residuals[key] = residual[start : start + size]
-            start += size
-    return idx, values
-
-
-def _bucket_residual(state: TopKHookState, grad, keys, sizes) -> torch.Tensor:
-    """The bucket's residuals as one flat vector (zeros where there is none yet)."""
-    parts = []
-    for key, size in zip(keys, sizes):
-        residual = state.residuals.get(key)
-        if residual is not None and residual.numel() != size:
-            log.warning(
-                "residual %s has %d entries, expected %d: reset", key, residual.numel(), size
-            )
-            residual = None
-        parts.append(torch.zeros(size, dtype=grad.dtype) if residual is None else residual)
-    return torch.cat(parts).to(grad.device)
-
-
-def _sparse_is_smaller(state: TopKHookState, tensor: torch.Tensor) -> bool:
-    k = state.budget.resolve(tensor.numel())
-    return k * (_INDEX_BYTES + tensor.element_size()) < tensor.numel() * tensor.element_size()
+_HEADER = 5  # int64 words: non-finite flag, iteration, size, layout hash, has-state
 
 
 def topk_hook(state: TopKHookState, bucket) -> torch.futures.Future[torch.Tensor]:
@@ -178,31 +53,135 @@ def topk_hook(state: TopKHookState, bucket) -> torch.futures.Future[torch.Tensor
 
     Register with ``ddp_model.register_comm_hook(TopKHookState(density=0.01), topk_hook)``.
     """
+    tensor = bucket.buffer()
+    keys = state.keys_of(bucket)  # on every call, so that keys come from the first layout
+    if bucket.index() == 0:
+        state._stash = []
+    if state.iter < state.start_iter:
+        nbytes = tensor.numel() * tensor.element_size()
+        state.bytes_dense += nbytes
+        state.bytes_sent += nbytes
+        if bucket.is_last():
+            state.iter += 1
+        return default_hooks.allreduce_hook(state.process_group, bucket)
+    pending = torch.futures.Future()
+    sizes = [p.numel() for p in bucket.parameters()]
+    state._stash.append((tensor, keys, sizes, pending))
+    if bucket.is_last():
+        stash, state._stash = state._stash, []
+        try:
+            _finish(state, stash)
+        except BaseException as exc:  # the real error, raised here and in every future
+            for *_, fut in stash:
+                if not fut.done():
+                    fut.set_exception(exc)
+            raise
+    return pending
+
+
+def _layout(stash):
+    """The model's parameters in key order: ``(key, size, bucket slot, offset)``."""
+    entries = []
+    for slot, (_, keys, sizes, _) in enumerate(stash):
+        offset = 0
+        for key, size in zip(keys, sizes):
+            entries.append((key, size, slot, offset))
+            offset += size
+    return sorted(entries)
+
+
+def _finish(state: TopKHookState, stash) -> None:
+    """Steps 1 and 2 of the module docstring, then every bucket's future is set."""
     group = state.process_group
     world = dist.get_world_size(group)
-    tensor = bucket.buffer()
-    dense_bytes = tensor.numel() * tensor.element_size()
-    state.bytes_dense += dense_bytes
-    keys = state.keys_of(bucket)  # on every call, so that keys come from the first layout
-    compressing = state.iter >= state.start_iter
-    if bucket.is_last():
-        state.iter += 1
-    if not compressing or (state.dense_if_larger and not _sparse_is_smaller(state, tensor)):
-        state.bytes_sent += dense_bytes
-        return default_hooks.allreduce_hook(state.process_group, bucket)
-    sizes = [p.numel() for p in bucket.parameters()]
-    idx, values = compress_(state, tensor, keys, sizes)
-    state.bytes_sent += idx.numel() * (_INDEX_BYTES + values.element_size())
-    gathered_idx = [torch.empty_like(idx) for _ in range(world)]
-    gathered_val = [torch.empty_like(values) for _ in range(world)]
-    futs = [
-        dist.all_gather(gathered_idx, idx, group=group, async_op=True).get_future(),
-        dist.all_gather(gathered_val, values, group=group, async_op=True).get_future(),
-    ]
+    entries = _layout(stash)
+    flat = torch.cat([stash[slot][0][off : off + size] for _, size, slot, off in entries])
+    n, element = flat.numel(), flat.element_size()
+    state.bytes_dense += n * element
+    finite = _exchange_header(state, flat, [(key, size) for key, size, _, _ in entries], world)
+    iteration, state.iter = state.iter, state.iter + 1
+    if finite and state.clip_norm is not None:  # DGC Sec. 3.3: clip before accumulating
+        torch.nn.utils.clip_grad_norm_([flat], state.clip_norm / world**0.5)
+    k = state.budget_at(iteration).resolve(n)
+    encoding, size = message_bytes(state, n, k, flat.dtype)
+    if not finite or (state.dense_if_larger and not sparse_pays(size, n, element, world)):
+        _dense(state, flat, finite, world)
+    else:
+        _sparse(state, flat, k, encoding, world)
+    _scatter(stash, entries, flat)
 
-    def decode(_):
-        tensor.zero_()
-        tensor.index_add_(0, torch.cat(gathered_idx), torch.cat(gathered_val))
-        return tensor.div_(world)
 
-    return torch.futures.collect_all(futs).then(decode)
+def _digest(layout) -> int:
+    digest = 0
+    for i, ((a, b), size) in enumerate(layout):
+        digest = (digest * 1_000_003 + (i + 1) * (a * 1009 + b) + size) % (1 << 61)
+    return digest
+
+
+def _exchange_header(state: TopKHookState, flat, layout, world) -> bool:
+    """All-gather the header; raise on a mismatch; whether every rank is finite.
+
+    The layout sent is the state's own (a loaded one) when it has one, so that a
+    rank holding another model's state fails on every rank at once, not by a hang.
+    """
+    digest = _digest(state.layout or layout)
+    header = torch.tensor(
+        [
+            int(not all_finite(flat)),
+            state.iter,
+            flat.numel(),
+            digest,
+            int(state.residual is not None),
+        ],
+        dtype=torch.int64,
+    )
+    gathered = [torch.empty_like(header) for _ in range(world)]
+    dist.all_gather(gathered, header.to(flat.device), group=state.process_group)
+    state.bytes_sent += header.numel() * header.element_size()
+    rows = torch.stack([g.cpu() for g in gathered])
+    for column, what in ((1, "iteration"), (2, "model size"), (3, "parameter layout")):
+        differ = torch.nonzero(rows[:, column] != rows[0, column]).flatten().tolist()
+        if differ:
+            shown = "" if column == 3 else f" ({rows[:, column].tolist()} by rank)"
+            raise ValueError(
+                f"top-k hook states differ across ranks in {what}: rank(s) {differ} differ "
+                f"from rank 0{shown}; was a rank resumed from another checkpoint?"
+            )
+    match_layout_(state, flat, layout)
+    return not bool(rows[:, 0].any())
+
+
+def _dense(state: TopKHookState, flat, finite: bool, world: int) -> None:
+    """Plain allreduce of the mean; when finite, the residual (and velocity) go with it."""
+    if finite and state.residual is not None:
+        # k = n: everything is sent and the memory cleared (flat holds a = r + g)
+        compress_into_(state, flat, flat.numel(), rounded=False)
+    flat.div_(world)
+    dist.all_reduce(flat, group=state.process_group)
+    state.bytes_sent += flat.numel() * flat.element_size()
+
+
+def _sparse(state: TopKHookState, flat, k: int, encoding: str, world: int) -> None:
+    """All-gather every rank's encoded top-k; ``flat`` becomes the decoded mean."""
+    n, dtype = flat.numel(), flat.dtype
+    idx, values = compress_into_(state, flat, k, rounded=True)
+    message = wire.encode(idx, values, n, encoding)
+    gathered = [torch.empty_like(message) for _ in range(world)]
+    dist.all_gather(gathered, message, group=state.process_group)
+    state.bytes_sent += message.numel()
+    flat.zero_()
+    value_dtype = values.dtype
+    for m in gathered:
+        i, v = wire.decode(m, n, k, encoding, value_dtype)
+        flat.index_add_(0, i, v.to(dtype))
+    flat.div_(world)
+
+
+def _scatter(stash, entries, flat) -> None:
+    """Write ``flat`` (key order) back into each bucket's tensor and set its future."""
+    pos = 0
+    for _, size, slot, off in entries:
+        stash[slot][0][off : off + size].copy_(flat[pos : pos + size])
+        pos += size
+    for tensor, _, _, fut in stash:
+        fut.set_result(tensor)

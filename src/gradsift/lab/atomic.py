@@ -42,4 +42,9 @@ def read_json(path: str | os.PathLike, default: Any = None) -> Any:
     path = Path(path)
     if not path.exists():
         return default
-    return json.loads(path.read_text())
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(
+            f"{path} is not valid JSON ({exc}); move it away to start afresh"
+        ) from None

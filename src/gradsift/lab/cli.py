@@ -9,93 +9,114 @@ import argparse
 import logging
 import sys
 
-from gradsift.checks import check_float
 from gradsift.lab import commands
+from gradsift.lab.arg_types import (
+    budget as _budget,
+)
+from gradsift.lab.arg_types import (
+    checked as _checked,
+)
+from gradsift.lab.arg_types import (
+    density as _density,
+)
+from gradsift.lab.arg_types import (
+    device as _device,
+)
+from gradsift.lab.arg_types import (
+    list_of as _list_of,
+)
+from gradsift.lab.arg_types import (
+    lr as _lr,
+)
+from gradsift.lab.arg_types import (
+    positive_int as _positive_int,
+)
+from gradsift.lab.arg_types import (
+    sanity as _sanity,
+)
+from gradsift.lab.arg_types import (
+    sparsity as _sparsity,
+)
+from gradsift.lab.comm import COMMS
+from gradsift.lab.launch import RankFailedError
+from gradsift.lab.shaping import check_rate
 
 __all__ = ["main", "build_parser"]
 
 
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    """Defaults in ``--help``, except None and on/off flags (where they only confuse)."""
+
+    def _get_help_string(self, action):
+        if action.default is None or isinstance(action.default, bool):
+            return action.help
+        return super()._get_help_string(action)
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse with a one-line error (exit code 2) instead of usage + message."""
+    """argparse with a one-line error (exit code 2) instead of usage + message, the
+    defaults in ``--help``, and ``-v`` accepted after the subcommand too."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", _Help)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def _checked(check, *args):
-    """An argparse ``type`` from a library check: its ValueError is argparse's error."""
-
-    def parse(text: str):
-        try:
-            return check(*args, text)
-        except (ValueError, TypeError) as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-
-    return parse
+def _command(sub, name: str, help: str) -> argparse.ArgumentParser:  # noqa: A002
+    """A subcommand; ``-v`` works after it too (SUPPRESS: it never resets the top one)."""
+    p = sub.add_parser(name, help=help)
+    p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS)
+    return p
 
 
-def _number(name: str, interval: str):
-    def check(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise ValueError(f"{name} must be a number, got {text!r}") from None
-        return check_float(name, value, interval)
-
-    return _checked(check)
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
-
-
-def _list_of(parse):
-    def parse_list(text: str):
-        return [parse(t) for t in text.split(",") if t.strip()]
-
-    return parse_list
-
-
-_sparsity = _number("sparsity", "[0, 1)")
-_density = _number("density", "(0, 1]")
-
-
-def _add_common(p: argparse.ArgumentParser, *, method_required: bool = False) -> None:
+def _add_common(
+    p: argparse.ArgumentParser, *, method_required: bool = False, sweep: bool = False
+) -> None:
     from gradsift import list_methods
     from gradsift.lab.data import list_datasets
     from gradsift.lab.models import list_models
 
-    p.add_argument("--model", default="lenet5", choices=list_models())
-    p.add_argument("--dataset", default="digits", choices=list_datasets())
+    p.add_argument("--model", default="lenet5", choices=list_models(), help="network")
+    p.add_argument("--dataset", default="digits", choices=list_datasets(), help="data set")
     p.add_argument("--data-root", help="folder holding cifar-10-batches-py/ etc.")
-    p.add_argument(
-        "--method",
-        required=method_required,
-        choices=list_methods(),
-        help="pruning-at-init method (default: no pruning)",
-    )
-    p.add_argument("--sparsity", type=_sparsity, default=0.9, help="fraction pruned")
+    if not sweep:  # a sweep takes --methods and --sparsities (the singular as aliases)
+        p.add_argument(
+            "--method",
+            required=method_required,
+            choices=list_methods(),
+            help="pruning-at-init method (default: no pruning)",
+        )
+        p.add_argument("--sparsity", type=_sparsity, default=0.9, help="fraction pruned")
+        p.add_argument(
+            "--budget",
+            type=_budget,
+            default="global",
+            help="layer-wise budget: global, uniform, er, erk, uniform+dense-first",
+        )
+        p.add_argument(
+            "--sanity",
+            type=_sanity,
+            default=None,
+            help="sanity-check variant: reinit, invert, shuffle-layer, shuffle-global",
+        )
     p.add_argument(
         "--iterations",
         type=_positive_int,
         default=1,
         help="prune in this many rounds (SynFlow uses 100)",
     )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--seed", type=int, default=0, help="seeds the model, data order, pruning")
+    p.add_argument("--device", type=_device, default="cpu", help="cpu or cuda (NCCL with --nproc)")
     p.add_argument("--out", help="output folder")
 
 
 def _add_training(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--epochs", type=_positive_int, default=10)
-    p.add_argument("--batch-size", type=_positive_int, default=64)
-    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--epochs", type=_positive_int, default=10, help="training epochs")
+    p.add_argument("--batch-size", type=_positive_int, default=64, help="per process")
+    p.add_argument("--lr", type=_lr, default=0.05, help="SGD learning rate (cosine schedule)")
     p.add_argument(
         "--density",
         type=_density,
@@ -111,25 +132,30 @@ def _add_training(p: argparse.ArgumentParser) -> None:
 
 
 def _demo_parser(sub) -> None:
-    d = sub.add_parser("demo", help="the main job: prune + top-k train on digits")
+    d = _command(sub, "demo", help="the main job: prune + top-k train on digits")
     d.add_argument("--out", default="gradsift-demo", help="output folder")
-    d.add_argument("--sparsity", type=_sparsity, default=0.9)
-    d.add_argument("--density", type=_density, default=0.01)
-    d.add_argument("--epochs", type=_positive_int, default=20)
-    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--sparsity", type=_sparsity, default=0.9, help="fraction pruned at init")
+    d.add_argument("--density", type=_density, default=0.01, help="gradient density")
+    d.add_argument("--epochs", type=_positive_int, default=20, help="training epochs")
+    d.add_argument("--seed", type=int, default=0, help="seeds everything")
     d.set_defaults(func=commands.demo)
 
 
 def _train_parsers(sub) -> None:
-    p = sub.add_parser("prune", help="prune a model at init and report per-layer density")
+    p = _command(sub, "prune", help="prune a model at init and report per-layer density")
     _add_common(p, method_required=True)
     p.set_defaults(func=commands.prune)
 
-    t = sub.add_parser("train", help="(prune and) train one model")
+    t = _command(sub, "train", help="(prune and) train one model")
     _add_common(t)
     _add_training(t)
     t.add_argument(
         "--nproc", type=_positive_int, default=1, help="data-parallel processes (gloo on CPU)"
+    )
+    t.add_argument(
+        "--comm",
+        choices=COMMS,
+        help="gradient communication with --nproc (default: topk with --density, else allreduce)",
     )
     t.add_argument(
         "--checkpoint",
@@ -138,16 +164,40 @@ def _train_parsers(sub) -> None:
     )
     t.set_defaults(func=commands.train)
 
-    w = sub.add_parser("sweep", help="methods x sparsities x seeds, resumable")
-    _add_common(w)
+    w = _command(sub, "sweep", help="methods x sparsities x seeds, resumable")
+    _add_common(w, sweep=True)
     _add_training(w)
     w.add_argument(
-        "--methods", type=_list_of(str), default=None, help="comma-separated methods (default: all)"
+        "--methods",
+        "--method",
+        type=_list_of(str),
+        default=None,
+        help="comma-separated methods (default: all)",
     )
-    w.add_argument("--sparsities", type=_list_of(_sparsity), default=[0.5, 0.9, 0.98])
-    w.add_argument("--seeds", type=_list_of(int), default=[0, 1, 2])
+    w.add_argument(
+        "--sparsities",
+        "--sparsity",
+        type=_list_of(_sparsity),
+        default=[0.5, 0.9, 0.98],
+        help="comma-separated",
+    )
+    w.add_argument("--seeds", type=_list_of(int), default=[0, 1, 2], help="comma-separated")
+    w.add_argument(
+        "--budgets",
+        "--budget",
+        type=_list_of(_budget),
+        default=["global"],
+        help="comma-separated layer-wise budgets (global, uniform, er, erk, uniform+dense-first)",
+    )
     w.add_argument(
         "--shuffle", action="store_true", help="also run each with layer-wise shuffled masks"
+    )
+    w.add_argument(
+        "--sanity",
+        type=_list_of(_sanity),
+        default=[],
+        help="also run each with these comma-separated sanity variants "
+        "(reinit, invert, shuffle-layer, shuffle-global)",
     )
     w.set_defaults(func=commands.sweep, out="gradsift-sweep")
 
@@ -156,19 +206,34 @@ def _study_parsers(sub) -> None:
     from gradsift.lab.bench import BENCHES
     from gradsift.lab.studies import STUDIES
 
-    e = sub.add_parser("experiment", help="regenerate a study of docs/results.md")
+    e = _command(sub, "experiment", help="regenerate a study of docs/results.md")
     e.add_argument("study", choices=list(STUDIES))
     e.add_argument("--quick", action="store_true", help="a reduced form (for tests)")
     e.add_argument("--out", default="docs/results", help="output folder")
     e.set_defaults(func=commands.experiment)
 
-    b = sub.add_parser("bench", help="measure speed as ratios against baselines")
+    b = _command(sub, "bench", help="measure speed as ratios against baselines")
     b.add_argument("what", choices=list(BENCHES), help="what to benchmark")
     b.add_argument("--repeats", type=_positive_int, default=7, help="timed calls per entry")
     b.add_argument(
         "--sizes", type=_list_of(_positive_int), help="comma-separated N values (select)"
     )
     b.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
+    b.add_argument(
+        "--device",
+        default="cpu",
+        help="select, step: 'cuda' times the Triton kernels on a GPU (CUDA events)",
+    )
+    b.add_argument(
+        "--bandwidth",
+        type=_list_of(_checked(check_rate)),
+        help="ddp: comma-separated emulated loopback rates (100mbit,1gbit,10gbit; needs root)",
+    )
+    b.add_argument("--model", default="resnet18", help="ddp: the network")
+    b.add_argument(
+        "--steps", type=_positive_int, default=13, help="ddp: steps per hook (3 untimed)"
+    )
+    b.add_argument("--batch", type=_positive_int, default=8, help="ddp: batch per rank")
     b.set_defaults(func=commands.bench)
 
 
@@ -197,9 +262,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except (ValueError, TypeError, FileNotFoundError) as exc:
+    except (ValueError, TypeError, FileNotFoundError, ImportError) as exc:
         print(f"gradsift: error: {exc}", file=sys.stderr)
         return 2
+    except RankFailedError as exc:
+        print(f"gradsift: error: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

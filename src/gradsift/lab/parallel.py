@@ -8,6 +8,7 @@ The backend follows ``--device``: ``cuda`` uses NCCL with one GPU per local rank
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from datetime import timedelta
 
 import torch
@@ -15,7 +16,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
-from gradsift.distributed import TopKHookState, topk_hook
+from gradsift.lab.comm import make_hook
 from gradsift.lab.training import Setup, TrainConfig, make_optimizer, make_scheduler
 
 __all__ = ["init_process_group", "rank_device", "ddp_setup"]
@@ -39,19 +40,27 @@ def init_process_group(rank: int, world: int, device: str, timeout_s: float = 12
 
 
 def ddp_setup(model: torch.nn.Module, train_set, cfg: TrainConfig, rank: int, world: int):
-    """``model`` on this rank's device inside DDP, the top-k hook when ``cfg`` is
-    sparse, SGD (the hook does the top-k), the schedule and a distributed sampler."""
+    """``model`` on this rank's device inside DDP with ``cfg.comm`` (default: the top-k
+    hook when ``cfg`` is sparse), SGD (the hook does the top-k; with DGC's recipe it
+    also keeps the momentum), the schedule and a distributed sampler."""
     device = rank_device(cfg.device)
     model.to(device).train()
     on_cuda = torch.device(device).type == "cuda"
     ddp = DistributedDataParallel(model, device_ids=[torch.device(device)] if on_cuda else None)
-    state = None
-    if cfg.sparse:
-        state = TopKHookState(density=cfg.density, k=cfg.k, error_feedback=cfg.error_feedback)
-        ddp.register_comm_hook(state, topk_hook)
-    opt = make_optimizer(model, cfg, topk=False)
     sampler = DistributedSampler(
         train_set, num_replicas=world, rank=rank, shuffle=True, seed=cfg.seed
     )
     data = DataLoader(train_set, batch_size=cfg.batch_size, sampler=sampler)
+    comm = cfg.comm or ("topk" if cfg.sparse else "allreduce")
+    state, hook, momentum = make_hook(
+        comm,
+        density=cfg.density,
+        k=cfg.k,
+        error_feedback=cfg.error_feedback,
+        momentum=cfg.momentum,
+        iterations_per_epoch=len(data),
+    )
+    if hook is not None:
+        ddp.register_comm_hook(state, hook)
+    opt = make_optimizer(model, replace(cfg, momentum=momentum), topk=False)
     return Setup(model, ddp, opt, make_scheduler(opt, cfg), data, device, rank, world, state)

@@ -8,7 +8,7 @@ from collections import defaultdict
 
 from gradsift.lab.atomic import atomic_write_bytes
 
-__all__ = ["plot_accuracy_vs_sparsity", "plot_bars", "have_matplotlib"]
+__all__ = ["plot_accuracy_vs_sparsity", "plot_bars", "have_matplotlib", "run_label"]
 
 
 def have_matplotlib() -> bool:
@@ -34,40 +34,87 @@ def save(fig, path) -> None:
     atomic_write_bytes(path, buf.getvalue())
 
 
-def plot_accuracy_vs_sparsity(runs: list[dict], path, *, title: str = "") -> None:
-    """Mean test accuracy vs sparsity per method (x: density, log), std error bars."""
-    plt = figure()
+_STYLES = {
+    None: "-",
+    "shuffle-layer": "--",
+    "reinit": ":",
+    "invert": "-.",
+    "shuffle-global": (0, (1, 1)),
+}
+
+
+def _variant(r: dict) -> str | None:
+    return r.get("sanity") or ("shuffle-layer" if r.get("shuffle") else None)
+
+
+def run_label(r: dict) -> str:
+    """``method [budget] (variant)``: what a curve of runs has in common."""
+    label = r["method"]
+    if r.get("budget", "global") != "global":
+        label += f" [{r['budget']}]"
+    variant = _variant(r)
+    if variant == "shuffle-layer":
+        label += " (shuffled)"
+    elif variant:
+        label += f" ({variant})"
+    return label
+
+
+def _accuracy_axes(ax, runs: list[dict], title: str) -> None:
     groups: dict[str, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
+    style = {}
     for r in runs:
-        label = r["method"] + (" (shuffled)" if r.get("shuffle") else "")
-        groups[label][r["sparsity"]].append(100 * r["test_accuracy"])
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    methods = sorted({label.split(" ")[0] for label in groups})
-    colors = {m: f"C{i}" for i, m in enumerate(methods)}  # a method and its shuffle: one
+        groups[run_label(r)][r["sparsity"]].append(100 * r["test_accuracy"])
+        style[run_label(r)] = (r["method"], _variant(r))
+    methods = sorted({m for m, _ in style.values()})
+    colors = {m: f"C{i % 10}" for i, m in enumerate(methods)}  # a method and its variants
     for label in sorted(groups):
+        method, variant = style[label]
         xs = sorted(groups[label])
-        means = [statistics.mean(groups[label][x]) for x in xs]
-        stds = [statistics.pstdev(groups[label][x]) for x in xs]
-        shuffled = "shuffled" in label
         ax.errorbar(
             [1 - x for x in xs],
-            means,
-            yerr=stds,
+            [statistics.mean(groups[label][x]) for x in xs],
+            yerr=[statistics.pstdev(groups[label][x]) for x in xs],
             label=label,
-            marker="o",
+            marker="o" if variant is None else ".",
             capsize=3,
-            linestyle="--" if shuffled else "-",
-            color=colors[label.split(" ")[0]],
-            alpha=0.55 if shuffled else 1.0,
+            linestyle=_STYLES.get(variant, "--"),
+            color=colors[method],
+            alpha=1.0 if variant is None else 0.55,
         )
-    ax.set_xscale("log")
-    ax.invert_xaxis()
+    kept = sorted({1 - r["sparsity"] for r in runs})
+    if len(kept) == 1:  # one sparsity: give the log axis a width
+        ax.set_xlim(2 * kept[0], 0.5 * kept[0])
+        ax.set_xscale("log")
+    else:
+        ax.set_xscale("log")
+        ax.invert_xaxis()
+    ax.set_xticks(kept, [f"{k:g}" for k in kept])  # the densities run, not log decades
+    ax.minorticks_off()
     ax.set_xlabel("fraction of weights kept (1 - sparsity)")
     ax.set_ylabel("test accuracy (%)")
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=6 if len(groups) > 12 else 8)
     if title:
-        ax.set_title(title)
+        ax.set_title(title, fontsize=10)
+
+
+def plot_accuracy_vs_sparsity(runs: list[dict], path, *, title: str = "", panel=None) -> None:
+    """Mean test accuracy vs sparsity per method (x: density, log), std error bars;
+    a method's sanity variants share its colour, dashed. ``panel``: a function of a
+    run naming its subplot (two to a row), titled by that name."""
+    plt = figure()
+    panels: dict[str, list[dict]] = defaultdict(list)
+    for r in runs:
+        panels[panel(r) if panel else title].append(r)
+    cols = min(2, len(panels))
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(7 * cols, 4.5 * rows), squeeze=False)
+    for ax, (name, members) in zip(axes.flat, panels.items()):
+        _accuracy_axes(ax, members, name)
+    if panel and title:
+        fig.suptitle(title)
+    fig.tight_layout()
     save(fig, path)
     plt.close(fig)
 

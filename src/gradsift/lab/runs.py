@@ -36,13 +36,30 @@ class RunSpec:
     seed: int = 0
     train: TrainConfig = field(default_factory=TrainConfig)
     data_root: str | None = None
+    budget: str = "global"  # a name of gradsift.pruning.BUDGETS
+    sanity: str | None = None  # a name of gradsift.pruning.SANITY
+
+    @property
+    def variant(self) -> str | None:
+        """The sanity variant, ``shuffle=True`` being ``"shuffle-layer"``."""
+        if self.shuffle and self.sanity not in (None, "shuffle-layer"):
+            raise ValueError(f"shuffle=True is sanity='shuffle-layer', not {self.sanity!r}")
+        return "shuffle-layer" if self.shuffle else self.sanity
 
     def key(self) -> str:
+        """Layer-wise shuffling keeps its old slot, and a budget or another variant
+        appears only when set, so the keys of older results still match."""
         t = self.train
+        variant = self.variant
+        extra = (f"|budget={self.budget}" if self.budget != "global" else "") + (
+            f"|sanity={variant}" if variant not in (None, "shuffle-layer") else ""
+        )
         return (
             f"{self.model}|{self.dataset}|{self.method}|{self.sparsity:g}|{self.iterations}|"
-            f"{int(self.shuffle)}|{self.seed}|{t.epochs}|{t.density}|{t.k}|"
+            f"{int(variant == 'shuffle-layer')}|{self.seed}|{t.epochs}|{t.density}|{t.k}|"
             f"{int(t.error_feedback)}|{t.lr:g}|{t.batch_size}"
+            + (f"|{t.comm}" if t.comm else "")
+            + extra
         )
 
 
@@ -71,6 +88,8 @@ class RunRecord:
     prune_seconds: float
     seconds: float
     compression_ratio: float = 1.0
+    budget: str = "global"
+    sanity: str | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -85,12 +104,15 @@ def prune_for_run(
     iterations: int = 1,
     seed: int = 0,
     shuffle: bool = False,
+    budget: str = "global",
+    sanity: str | None = None,
 ) -> dict:
     """Prune ``model`` at init on ``ds``'s training set as every run does; the masks.
 
     Seeded batches of 128; every option the method takes from what a run knows
     (``seed``, ``num_classes``, and 10 samples per class: digits' train split holds at
-    least 120 of each); mask shuffling seeded by ``seed``.
+    least 120 of each); ``budget`` and the ``sanity`` variant (or ``shuffle``, its
+    older form) as ``prune_at_init`` takes them, their randomness seeded by ``seed``.
     """
     batches = torch.utils.data.DataLoader(
         ds.train, batch_size=128, shuffle=True, generator=torch.Generator().manual_seed(seed)
@@ -102,7 +124,9 @@ def prune_for_run(
         sparsity,
         batches,
         iterations=iterations,
+        budget=budget,
         shuffle=shuffle,
+        sanity=sanity,
         generator=torch.Generator().manual_seed(seed),
         **options,
     )
@@ -127,7 +151,8 @@ def run_one(
             spec.sparsity,
             iterations=spec.iterations,
             seed=spec.seed,
-            shuffle=spec.shuffle,
+            budget=spec.budget,
+            sanity=spec.variant,
         )
     prune_seconds = time.perf_counter() - start
     cfg = TrainConfig(**{**asdict(spec.train), "seed": spec.seed})
@@ -146,7 +171,7 @@ def run_one(
         method=spec.method or "unpruned",
         sparsity=spec.sparsity,
         iterations=spec.iterations,
-        shuffle=spec.shuffle,
+        shuffle=spec.variant == "shuffle-layer",
         seed=spec.seed,
         world_size=world,
         grad_density=cfg.density if cfg.density is not None else 1.0,
@@ -161,11 +186,18 @@ def run_one(
         prune_seconds=prune_seconds,
         seconds=prune_seconds + result["seconds"],
         compression_ratio=setup.hook_state.compression_ratio if setup.hook_state else 1.0,
+        budget=spec.budget,
+        sanity=spec.variant,
     ).to_dict()
 
 
 def load_results(path) -> list[dict]:
+    """The runs of a results file (none when it does not exist)."""
     data = read_json(path, default={"runs": []})
+    if not isinstance(data, dict) or not isinstance(data.get("runs", []), list):
+        raise ValueError(
+            f"{path} must hold a JSON object with a list of 'runs', got {type(data).__name__}"
+        )
     return data.get("runs", [])
 
 

@@ -36,6 +36,7 @@ class TrainConfig:
     schedule: str = "cosine"  # or "none"
     seed: int = 0
     device: str = "cpu"
+    comm: str | None = None  # data-parallel: gradsift.lab.comm.COMMS (None: by density)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -162,14 +163,25 @@ def train_run(
     history = state["history"] if state else []
     previous = state["seconds"] if state else 0.0
     start = time.perf_counter()
+    # training wall time so far, evaluation and checkpoints excluded (resumes included)
+    clock = {"train": history[-1].get("train_seconds", 0.0) if history else 0.0, "mark": start}
 
     def on_epoch(epoch: int, train_loss: float) -> None:
+        clock["train"] += time.perf_counter() - clock["mark"]
         metrics = evaluate(setup.model, test_set, device=setup.device) if setup.rank == 0 else {}
-        history.append({"epoch": epoch + 1, "train_loss": train_loss, **metrics})
+        history.append(
+            {
+                "epoch": epoch + 1,
+                "train_loss": train_loss,
+                "train_seconds": clock["train"],
+                **metrics,
+            }
+        )
         log.info("epoch %d: train loss %.4f, test %s", epoch + 1, train_loss, metrics)
         if checkpoint_dir:
             seconds = previous + time.perf_counter() - start
             ckpt.save(checkpoint_dir, setup, epoch + 1, history, seconds)
+        clock["mark"] = time.perf_counter()
 
     fit(
         setup.forward,

@@ -1,8 +1,10 @@
-"""Pruning at initialization: criteria (a registry, one file each), masks,
-installation through ``torch.nn.utils.prune``, reports."""
+"""Pruning at initialization: criteria (a registry, one file each), layer-wise
+budgets, masks, installation through ``torch.nn.utils.prune``, sanity checks,
+reports."""
 
 from gradsift.pruning import methods  # noqa: F401  (registers the built-in criteria)
 from gradsift.pruning.at_init import prune_at_init
+from gradsift.pruning.budgets import BUDGETS, layer_counts, layer_densities
 from gradsift.pruning.masks import apply_masks_, masks_from_scores, shuffle_masks
 from gradsift.pruning.registry import (
     get_method,
@@ -14,12 +16,17 @@ from gradsift.pruning.registry import (
 )
 from gradsift.pruning.report import SparsityReport, sparsity_report
 from gradsift.pruning.sampling import class_balanced_sample
+from gradsift.pruning.sanity import SANITY
 
 __all__ = [
+    "BUDGETS",
+    "SANITY",
     "SparsityReport",
     "apply_masks_",
     "class_balanced_sample",
     "get_method",
+    "layer_counts",
+    "layer_densities",
     "list_methods",
     "masks_from_scores",
     "method_options",

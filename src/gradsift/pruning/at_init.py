@@ -3,38 +3,31 @@
 Iterative pruning follows SynFlow (Tanaka et al. 2020, arXiv:2006.05467, Alg. 1):
 round ``i`` of ``n`` keeps density ``ρ^(i/n)`` (``schedule="exponential"``) of the
 weights, rescoring the masked model each round; masks only ever lose weights.
+A criterion that runs its own schedule to a target (FORCE, Iterative SNIP: its
+registry entry ``takes_sparsity``) is handed each round's target as ``sparsity=``.
+
+A model already pruned through ``torch.nn.utils.prune`` keeps its masks: they are the
+first round's ``previous``, so its pruned weights count toward the target (whatever
+they score) and the masks returned are the ones installed.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable
 
 import torch
 from torch import nn
 
-from gradsift.checks import check_choice, check_int
-from gradsift.pruning.masks import apply_masks_, check_sparsity, masks_from_scores, shuffle_masks
-from gradsift.pruning.params import Selector
+from gradsift.pruning.budgets import check_budget
+from gradsift.pruning.masks import apply_masks_, check_sparsity, masks_from_scores
+from gradsift.pruning.params import Selector, mask_of, prunable
 from gradsift.pruning.registry import checked_options, get_method, score
+from gradsift.pruning.sampling import replayable
+from gradsift.pruning.sanity import check_sanity, inverted, sanity_masks_
+from gradsift.pruning.schedules import round_sparsities
 
 __all__ = ["prune_at_init", "round_sparsities"]
-
-_SCHEDULES = ("exponential", "linear")
-
-
-def round_sparsities(sparsity: float, iterations: int, schedule: str) -> list[float]:
-    """Target sparsity after each round; the last is exactly ``sparsity``."""
-    check_choice("schedule", schedule, _SCHEDULES)
-    iterations = check_int("iterations", iterations, minimum=1)
-    density = 1.0 - sparsity
-    out = []
-    for i in range(1, iterations + 1):
-        if schedule == "exponential":
-            out.append(1.0 - density ** (i / iterations))
-        else:
-            out.append(sparsity * i / iterations)
-    out[-1] = sparsity
-    return out
 
 
 def prune_at_init(
@@ -43,11 +36,13 @@ def prune_at_init(
     sparsity: float,
     data: Iterable | None = None,
     *,
-    scope: str = "global",
+    budget=None,
+    scope: str | None = None,
     iterations: int = 1,
     schedule: str = "exponential",
     min_per_layer: int = 0,
     shuffle: bool = False,
+    sanity: str | None = None,
     generator: torch.Generator | None = None,
     params: Selector = None,
     **options,
@@ -60,41 +55,74 @@ def prune_at_init(
             ``state_dict`` and deepcopy/pickle behave as in PyTorch.
         method: a name from ``gradsift.list_methods()``.
         sparsity: fraction of the scored weights removed, in [0, 1).
-        data: ``(inputs, targets)`` batches for data-driven methods.
-        scope: ``"global"`` ranks all layers together, ``"layer"`` each layer alone.
-        iterations: rounds of score-then-prune (SynFlow uses 100).
+        data: ``(inputs, targets)`` batches for data-driven methods; a one-pass
+            generator is read once and every round sees the same batches.
+        budget: ``"global"`` (default) ranks all layers together; ``"uniform"``,
+            ``"er"``, ``"erk"``, ``"uniform+dense-first"`` or a callable fix each
+            layer's exact count and rank within it (``gradsift.pruning.budgets``).
+        scope: the older name: ``"layer"`` is ``budget="uniform"``.
+        iterations: rounds of score-then-prune (SynFlow uses 100). A method with its own
+            schedule (``get_method(m).takes_sparsity``) runs it within each round.
         schedule: ``"exponential"`` (density ``ρ^(i/n)``) or ``"linear"``.
         min_per_layer: keep at least this many weights per layer (collapse guard).
-        shuffle: permute each layer's final mask (Frankle et al. 2021 sanity check).
-        generator: RNG for ``shuffle``.
+        shuffle: permute each layer's final mask (``sanity="shuffle-layer"``).
+        sanity: a sanity-check variant, ``"reinit"``, ``"invert"``,
+            ``"shuffle-layer"`` or ``"shuffle-global"`` (``gradsift.pruning.sanity``).
+        generator: RNG for the shuffles and ``"reinit"``.
         params: which weights (see ``gradsift.score``).
         **options: passed to the scorer (see ``gradsift.score``).
 
     Returns:
-        ``{name: mask}`` (float 0/1 tensors shaped like the weights).
+        ``{name: mask}`` (float 0/1 tensors shaped like the weights), the masks
+        installed (a weight pruned before stays pruned).
     """
     check_sparsity(sparsity)
+    budget = check_budget(budget, scope)
+    sanity = check_sanity(sanity, shuffle)
     targets = round_sparsities(sparsity, iterations, schedule)
     entry = get_method(method)
+    data = replayable(data)
     rescore = None
     if entry.rescorer is not None and len(targets) > 1:  # cheap rounds when it has them
         rescore = entry.rescorer(model, data, params=params, **checked_options(method, options))
-    masks, workspace = None, {}
+    masks, workspace = _installed(model, params, sparsity), {}
     for target in targets:
         if rescore is not None:
             scores = rescore(masks)
         else:
-            scores = score(model, method, data, params=params, **options)
+            target_option = {"sparsity": target} if entry.takes_sparsity else {}
+            scores = score(model, method, data, params=params, **options, **target_option)
         masks = masks_from_scores(
-            scores,
+            inverted(scores, sanity),
             target,
-            scope=scope,
+            budget=budget,
             previous=masks,
             min_per_layer=min_per_layer,
             workspace=workspace,
         )
         apply_masks_(model, masks)
-    if shuffle:
-        masks = shuffle_masks(masks, generator=generator)
-        apply_masks_(model, masks, replace=True)
+    return sanity_masks_(model, masks, sanity, generator=generator)
+
+
+def _installed(model: nn.Module, params: Selector, sparsity: float) -> dict | None:
+    """The masks already installed on the selected weights (ones where none is), or
+    None when none is; warns when they already prune more than ``sparsity``."""
+    targets = prunable(model, params)
+    found = {name: mask_of(m, a) for name, (m, a) in targets.items()}
+    if all(mask is None for mask in found.values()):
+        return None
+    masks = {
+        name: (torch.ones_like(getattr(m, a)) if found[name] is None else found[name].clone())
+        for name, (m, a) in targets.items()
+    }
+    total = sum(mask.numel() for mask in masks.values())
+    pruned = total - sum(int(torch.count_nonzero(mask)) for mask in masks.values())
+    if pruned > round(sparsity * total):
+        warnings.warn(
+            f"prune_at_init: the model already has {100 * pruned / total:.1f}% of the "
+            f"selected weights pruned, more than sparsity={sparsity}; pruned weights stay "
+            "pruned, so the masks are left as they are",
+            UserWarning,
+            stacklevel=3,
+        )
     return masks

@@ -1,10 +1,12 @@
 """Scores to masks, and masks into the model through ``torch.nn.utils.prune``.
 
 Exactly ``round(sparsity * N)`` weights are removed: the kept set is an exact top-k
-of the scores (``gradsift.select.topk_mask`` with ``absolute=False``, since signed
+of the scores (``gradsift.topk.topk_mask`` with ``absolute=False``, since signed
 scores such as GraSP's must not be ranked by magnitude), ties broken toward the
 lowest index in the concatenation of the layers in model order. There is no
-``<=``-threshold over-pruning on ties.
+``<=``-threshold over-pruning on ties. Under a layer-wise budget
+(``gradsift.pruning.budgets``) the same top-k runs in each layer on that layer's
+exact count.
 
 Masks are monotone: weights pruned by an earlier mask are never revived.
 
@@ -20,9 +22,10 @@ import torch
 from torch import nn
 from torch.nn.utils import prune
 
-from gradsift.budget import check_scope
 from gradsift.checks import check_float, check_int, has_nan
-from gradsift.pruning.params import mask_of, prunable
+from gradsift.pruning.budgets import check_budget, layer_counts
+from gradsift.pruning.params import mask_of, original, owners, prunable
+from gradsift.pruning.shared import refresh_readers_
 from gradsift.topk import topk_indices, topk_mask
 
 __all__ = ["masks_from_scores", "apply_masks_", "shuffle_masks", "check_sparsity"]
@@ -36,7 +39,8 @@ def masks_from_scores(
     scores: dict[str, torch.Tensor],
     sparsity: float,
     *,
-    scope: str = "global",
+    budget=None,
+    scope: str | None = None,
     previous: dict[str, torch.Tensor] | None = None,
     min_per_layer: int = 0,
     workspace: dict | None = None,
@@ -45,8 +49,12 @@ def masks_from_scores(
 
     Args:
         scores: ``{name: score}``; higher keeps.
-        sparsity: fraction removed, in [0, 1); ``round(sparsity * N)`` are removed,
-            over all layers (``scope="global"``) or in each layer (``"layer"``).
+        sparsity: fraction removed, in [0, 1); ``round(sparsity * N)`` of the ``N``
+            scored weights are removed.
+        budget: ``"global"`` (default: one ranking over all layers), ``"uniform"``,
+            ``"er"``, ``"erk"``, ``"uniform+dense-first"`` or a callable: fixed
+            per-layer counts, ranked within each layer (``gradsift.pruning.budgets``).
+        scope: the older name: ``"global"``, or ``"layer"`` for ``budget="uniform"``.
         previous: masks already installed; their zeros stay zero (the count removed
             is then at least what they removed).
         min_per_layer: keep at least this many weights in every layer (the best
@@ -55,22 +63,20 @@ def masks_from_scores(
             score buffer: a fresh buffer of hundreds of MB page-faults on every call.
     """
     check_sparsity(sparsity)
-    scope = check_scope(scope)
+    budget = check_budget(budget, scope)
     min_per_layer = check_int("min_per_layer", min_per_layer, minimum=0)
     names = list(scores)
     for n in names:
         if has_nan(scores[n]):
             raise ValueError(f"scores[{n!r}] contains NaN; cannot rank it")
     keys = {n: _alive_keys(scores[n], None if previous is None else previous.get(n)) for n in names}
-    if scope == "layer":
-        return {
-            n: _keep_top(keys[n], _kept_count(keys[n], sparsity, max(min_per_layer, 0))).view_as(
-                scores[n]
-            )
-            for n in names
-        }
+    if budget != "global":
+        shapes = {n: scores[n].shape for n in names}
+        alive = {n: _alive(keys[n]) for n in names}
+        counts = layer_counts(shapes, sparsity, budget, caps=alive, floor=min_per_layer)
+        return {n: _keep_top(keys[n], counts[n]).view_as(scores[n]) for n in names}
     flat = torch.cat([keys[n].reshape(-1) for n in names], out=_buffer(workspace, keys, names))
-    keep = _kept_count(flat, sparsity, 0)
+    keep = _kept_count(flat, sparsity)
     if min_per_layer:
         flat = _reserve(flat, [keys[n].numel() for n in names], min_per_layer, keep)
     mask = _keep_top(flat, keep)
@@ -104,11 +110,9 @@ def _alive(keys: torch.Tensor) -> int:
     return int(torch.count_nonzero(keys > -torch.inf))
 
 
-def _kept_count(keys: torch.Tensor, sparsity: float, floor: int) -> int:
+def _kept_count(keys: torch.Tensor, sparsity: float) -> int:
     n = keys.numel()
-    alive = _alive(keys)
-    keep = n - round(sparsity * n)
-    return min(alive, max(keep, min(floor, alive)))
+    return min(_alive(keys), n - round(sparsity * n))
 
 
 def _keep_top(keys: torch.Tensor, keep: int) -> torch.Tensor:
@@ -145,24 +149,32 @@ def apply_masks_(
     A layer that is already pruned gets its ``*_mask`` buffer updated in place (one
     forward pre-hook per weight, never a growing chain of pruning containers): ANDed
     with the new mask, so pruned weights stay pruned, or overwritten with
-    ``replace=True`` (a shuffled mask moves the kept positions).
+    ``replace=True`` (a shuffled mask moves the kept positions). A tied weight is
+    masked in every module that holds it, and a parent that reads a pruned child's
+    weight directly (``nn.MultiheadAttention``) refreshes it (``pruning.shared``).
     """
     targets = prunable(model, list(masks))
+    holders = owners(model)
     for name, (module, attr) in targets.items():
-        mask = masks[name]
-        existing = mask_of(module, attr)
-        if existing is None:
-            prune.custom_from_mask(module, attr, mask.to(getattr(module, attr).device))
-        else:
-            with torch.no_grad():
-                if replace:
-                    existing.copy_(mask)
-                else:
-                    existing.mul_(mask.to(existing))
-        # recompute ``weight = weight_orig * weight_mask`` without autograd history, so
-        # that the model deep-copies and pickles (the pre-hook redoes it every forward)
+        for m, a in holders[id(original(module, attr))]:  # every holder of a tied weight
+            _install(m, a, masks[name], replace)
+    refresh_readers_(model)
+
+
+def _install(module: nn.Module, attr: str, mask: torch.Tensor, replace: bool) -> None:
+    existing = mask_of(module, attr)
+    if existing is None:
+        prune.custom_from_mask(module, attr, mask.to(getattr(module, attr).device))
+    else:
         with torch.no_grad():
-            setattr(module, attr, getattr(module, attr + "_orig") * mask_of(module, attr))
+            if replace:
+                existing.copy_(mask)
+            else:
+                existing.mul_(mask.to(existing))
+    # recompute ``weight = weight_orig * weight_mask`` without autograd history, so
+    # that the model deep-copies and pickles (the pre-hook redoes it every forward)
+    with torch.no_grad():
+        setattr(module, attr, getattr(module, attr + "_orig") * mask_of(module, attr))
 
 
 def shuffle_masks(

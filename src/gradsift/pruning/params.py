@@ -1,7 +1,10 @@
 """Which parameters are scored and pruned, keyed by parameter name.
 
 Names are logical: a weight pruned through ``torch.nn.utils.prune`` (stored as
-``weight_orig`` with a ``weight_mask`` buffer) is still called ``"...weight"``.
+``weight_orig`` with a ``weight_mask`` buffer) is still called ``"...weight"``. A
+tensor that several modules hold (tied weights: ``decoder.weight =
+embedding.weight``) is one weight, selected once, under the first name that selects
+it; ``owners`` finds every module that holds it.
 """
 
 from __future__ import annotations
@@ -12,9 +15,12 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from gradsift.pruning.shared import refresh_readers_
+
 __all__ = [
     "Selector",
     "deepcopy_model",
+    "owners",
     "device_of",
     "effective",
     "leaves",
@@ -29,31 +35,51 @@ __all__ = [
 Selector = None | list | tuple | set | Callable[[str, nn.Module, torch.Tensor], bool]
 
 _DEFAULT_TYPES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
+# nn.MultiheadAttention's own projection weights (its out_proj is a Linear)
+_ATTENTION_WEIGHTS = ("in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight")
+
+
+def _default(module: nn.Module, attr: str) -> bool:
+    if isinstance(module, nn.MultiheadAttention):
+        return attr in _ATTENTION_WEIGHTS
+    return isinstance(module, _DEFAULT_TYPES) and attr == "weight"
+
+
+def _held(module: nn.Module):
+    """``(logical attribute, tensor)`` of the parameters ``module`` holds itself."""
+    for attr, tensor in list(module.named_parameters(recurse=False)):
+        yield (attr[: -len("_orig")] if attr.endswith("_orig") else attr), tensor
 
 
 def prunable(model: nn.Module, params: Selector = None) -> dict[str, tuple[nn.Module, str]]:
     """Map logical parameter names to ``(module, attribute)`` for the scored weights.
 
-    ``params``: None for the weights of Linear and Conv layers (no biases, no norm
+    ``params``: None for the weights of Linear and Conv layers and the projection
+    weights of ``nn.MultiheadAttention`` (``in_proj_weight``; no biases, no norm
     layers); a collection of names; or a predicate ``(name, module, tensor) -> bool``.
+    A tied tensor is selected once, under the first name that selects it.
     """
     found: dict[str, tuple[nn.Module, str]] = {}
+    chosen: dict[int, str] = {}  # id(tensor) -> the name it was selected under
+    seen: set[str] = set()  # every name of a selected tensor, aliases included
     for mod_name, module in model.named_modules():
-        for attr, tensor in list(module.named_parameters(recurse=False)):
-            base = attr[: -len("_orig")] if attr.endswith("_orig") else attr
+        for base, tensor in _held(module):
             name = f"{mod_name}.{base}" if mod_name else base
-            if name in found:
+            if id(tensor) in chosen:
+                seen.add(name)
                 continue
             if params is None:
-                chosen = isinstance(module, _DEFAULT_TYPES) and base == "weight"
+                pick = _default(module, base)
             elif callable(params):
-                chosen = bool(params(name, module, tensor))
+                pick = bool(params(name, module, tensor))
             else:
-                chosen = name in params
-            if chosen:
+                pick = name in params
+            if pick:
                 found[name] = (module, base)
+                chosen[id(tensor)] = name
+                seen.add(name)
     if not callable(params) and params is not None:
-        missing = sorted(set(params) - set(found))
+        missing = sorted(set(params) - seen)
         if missing:
             raise ValueError(f"params names not found in the model: {missing}")
     if not found:
@@ -80,6 +106,16 @@ def effective(module: nn.Module, attr: str) -> torch.Tensor:
     mask = mask_of(module, attr)
     w = original(module, attr)
     return w if mask is None else w * mask
+
+
+def owners(model: nn.Module) -> dict[int, list[tuple[nn.Module, str]]]:
+    """``id(tensor) -> [(module, attribute), ...]`` for every parameter of ``model``:
+    more than one entry for a tied tensor, in model order."""
+    out: dict[int, list[tuple[nn.Module, str]]] = {}
+    for module in model.modules():
+        for base, tensor in _held(module):
+            out.setdefault(id(tensor), []).append((module, base))
+    return out
 
 
 def device_of(model: nn.Module) -> torch.device:
@@ -122,6 +158,7 @@ def private_copy(model: nn.Module, params: Selector = None):
     """A deep copy to score on (no grads, nothing requiring grad) and its targets
     ``{name: (module, attr)}``; scoring it leaves the caller's model untouched."""
     work = deepcopy_model(model)
+    refresh_readers_(work)  # a model pruned by torch alone: MultiheadAttention's out_proj
     for p in work.parameters():
         p.requires_grad_(False)
         p.grad = None

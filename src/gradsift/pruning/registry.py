@@ -2,8 +2,10 @@
 
 A criterion is a function ``fn(model, targets, data, **options) -> {name: score}``:
 ``model`` is a private deep copy (nothing in it requires grad), ``targets`` maps each
-scored parameter's name to ``(module, attribute)`` (``gradsift.pruning.params``), and
-**higher score = more important = kept**. ``register_method`` adds one by name, as
+scored parameter's name to ``(module, attribute)`` (``gradsift.pruning.params``),
+``data`` can be iterated more than once (a one-pass generator arrives replayable,
+``gradsift.pruning.sampling.replayable``), and **higher score = more important =
+kept**. ``register_method`` adds one by name, as
 timm's optimizer registry and jaxpruner's ``register_algorithm`` do, so a user can
 add a criterion without editing gradsift; each built-in lives in
 ``gradsift/pruning/methods/<name>.py``.
@@ -23,6 +25,7 @@ import torch
 from torch import nn
 
 from gradsift.pruning.params import Selector, original, private_copy, prunable
+from gradsift.pruning.sampling import replayable
 
 __all__ = [
     "Method",
@@ -43,7 +46,10 @@ class Method:
     own keyword defaults). ``rescorer``: optional factory
     ``rescorer(model, data, *, params, **options) -> rescore(masks) -> scores`` for
     cheap rescoring in iterative pruning. ``paper_iterations``: the pruning rounds
-    its paper uses (SynFlow: 100), for harnesses that reproduce it.
+    its paper uses (SynFlow: 100), for harnesses that reproduce it; 1 for a criterion
+    that runs its own schedule. ``takes_sparsity``: the criterion has a keyword-only
+    ``sparsity`` option (it prunes in its own rounds towards that target, as FORCE
+    does); ``prune_at_init`` passes it the target.
     """
 
     name: str
@@ -51,6 +57,10 @@ class Method:
     defaults: dict = field(default_factory=dict)
     rescorer: Callable | None = None
     paper_iterations: int = 1
+
+    @property
+    def takes_sparsity(self) -> bool:
+        return "sparsity" in self.options()
 
     def options(self) -> list[str]:
         """The keyword options the criterion accepts."""
@@ -110,14 +120,20 @@ def supported_options(method: str, **candidates) -> dict:
 
 
 def checked_options(method: str, options: dict) -> dict:
-    """``options`` over the method's registered defaults; unknown names raise."""
+    """``options`` over the method's registered defaults over ``fn``'s own keyword
+    defaults (every option that has a value); unknown names raise."""
     entry = get_method(method)
     unknown = sorted(set(options) - set(entry.options()))
     if unknown:
         raise TypeError(
             f"method {method!r} got unknown options {unknown}; it accepts {entry.options()}"
         )
-    return {**entry.defaults, **options}
+    own = {
+        n: p.default
+        for n, p in inspect.signature(entry.fn).parameters.items()
+        if p.kind is p.KEYWORD_ONLY and p.default is not p.empty
+    }
+    return {**own, **entry.defaults, **options}
 
 
 def score(
@@ -133,20 +149,24 @@ def score(
     Args:
         model: any ``nn.Module``; it is not modified.
         method: one of ``list_methods()``.
-        data: an iterable of ``(inputs, targets)`` batches (a DataLoader). Needed by
-            snip and grasp; synflow only reads the input shape from it.
+        data: an iterable of ``(inputs, targets)`` batches (a DataLoader; a one-pass
+            generator is read once and replayed, ``gradsift.pruning.sampling``).
+            Needed by snip and grasp (other batches: their ``split_batch`` option,
+            ``gradsift.pruning.inputs``); synflow only reads the input shape from it.
         params: which weights to score: None (Linear/Conv weights), names, or a
             predicate ``(name, module, tensor) -> bool``.
         **options: method options (``method_options(method)`` lists them), e.g.
-            ``loss_fn``, ``num_batches`` (snip), ``temperature``, ``samples_per_class``,
-            ``num_classes``, ``chunk_size`` (grasp), ``input_shape`` (synflow),
-            ``seed`` (random).
+            ``loss_fn``, ``split_batch``, ``batch_weighting`` (snip, grasp),
+            ``num_batches`` (snip), ``temperature``, ``samples_per_class``,
+            ``num_classes``, ``chunk_size``, ``max_batches`` (grasp), ``input_shape``
+            (synflow), ``seed`` (random).
 
     Returns:
         ``{name: tensor shaped like the weight}``.
     """
     entry = get_method(method)
     options = checked_options(method, options)
+    data = replayable(data)
     prunable(model, params)  # validate names against the caller's model
     devices = [d for d in {p.device for p in model.parameters()} if d.type == "cuda"]
     with torch.random.fork_rng(devices=devices):

@@ -2,6 +2,7 @@
 what its sign means."""
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -10,7 +11,17 @@ from torch import nn
 import gradsift
 from gradsift.lab.baselines import reference_grasp
 from gradsift.lab.models import LeNet5
-from pruning_support import NAMES, BNNet, batches, flat_loss, mlp, unflatten
+from pruning_support import (
+    NAMES,
+    BNNet,
+    Encoder,
+    batches,
+    convnet,
+    encoder_data,
+    flat_loss,
+    mlp,
+    unflatten,
+)
 
 
 @pytest.mark.parametrize(
@@ -118,3 +129,119 @@ def test_grasp_sign_matches_gradient_norm_change():
     grasp = gradsift.masks_from_scores(scores, 0.5)
     magnitude = gradsift.masks_from_scores(gradsift.score(model, "magnitude"), 0.5)
     assert any(bool(((grasp[n] == 1) & (magnitude[n] == 0)).any()) for n in grasp)
+
+
+def test_grasp_reads_a_one_pass_generator_like_a_list():
+    """Issue 15, case 4: the batch read to infer the class count is not lost."""
+    model, data = mlp(), batches(4, n=6)
+    listed = gradsift.score(model, "grasp", data, samples_per_class=2)
+    once = gradsift.score(model, "grasp", (b for b in data), samples_per_class=2)
+    for n in listed:
+        torch.testing.assert_close(once[n], listed[n], rtol=0, atol=0)
+
+
+def _endless_without_class_2(limit=100_000):
+    for _ in range(limit):
+        yield torch.randn(4, 12, dtype=torch.float64), torch.tensor([0, 0, 1, 1])
+    raise AssertionError(f"the class search read {limit} batches without giving up")
+
+
+def test_grasp_missing_class_on_an_endless_iterator_raises():
+    """Issue 15, case 16: the search for a class that never comes is bounded."""
+    with pytest.raises(ValueError, match=r"classes \[2\].*max_batches"):
+        gradsift.score(mlp(), "grasp", _endless_without_class_2(), samples_per_class=1)
+
+
+def test_grasp_double_backward_through_attention():
+    """Issue 15, case 15: Hg through ``scaled_dot_product_attention`` (whose fused CPU
+    kernel has no double backward) by the math backend; both Hg routes agree."""
+    model, data = Encoder(), encoder_data(dtype=torch.float64)
+    model.double()
+    a = gradsift.score(model, "grasp", data, samples_per_class=2, hvp="double")
+    b = gradsift.score(model, "grasp", data, samples_per_class=2, hvp="forward")
+    assert "encoder.layers.0.self_attn.in_proj_weight" in a
+    for n in a:
+        torch.testing.assert_close(a[n], b[n], rtol=1e-9, atol=1e-20)
+        assert a[n].abs().sum() > 0, n
+
+
+def _cosine(a: dict, b: dict) -> float:
+    u = torch.cat([a[n].reshape(-1) for n in a])
+    v = torch.cat([b[n].reshape(-1) for n in a])
+    return float(u @ v / (u.norm() * v.norm()))
+
+
+def _bn_cnn_sample(per_class):
+    model = convnet().double()
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(3 * per_class, 1, 6, 6, generator=gen, dtype=torch.float64)
+    y = torch.arange(3).repeat_interleave(per_class)
+    return model, x, y
+
+
+SPARSITIES = (0.5, 0.8, 0.9, 0.95)
+
+
+@pytest.mark.parametrize(
+    ("per_class", "options"),
+    [
+        (4, {}),  # the default: the two halves
+        (4, {"chunk_size": 6}),  # chunks that are the halves: exact
+        (4, {"chunk_size": 6, "keep_graphs": True}),
+        (4, {"hvp": "forward"}),
+        (5, {"batch_weighting": "batch"}),  # odd N: halves of 7 and 8, each mean alike
+    ],
+)
+def test_default_grasp_is_the_two_halves_reference_on_a_batchnorm_cnn(per_class, options):
+    """Issue 16: in float64 on Conv + train-mode BatchNorm + Linear, the default (and
+    every setting declared exact) equals the GraSP repository's algorithm."""
+    model, x, y = _bn_cnn_sample(per_class)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # none of these settings warns
+        ours = gradsift.score(model, "grasp", [(x, y)], samples_per_class=per_class, **options)
+    paper = reference_grasp(model, x, y)
+    kept = {n: -paper[n] for n in paper}  # the reference removes its highest
+    assert _cosine(ours, kept) > 0.999999
+    for sparsity in SPARSITIES:
+        a = gradsift.masks_from_scores(ours, sparsity)
+        b = gradsift.masks_from_scores(kept, sparsity)
+        assert all(torch.equal(a[n], b[n]) for n in a), sparsity
+
+
+def test_grasp_chunking_that_changes_batchnorm_statistics_warns():
+    model, x, y = _bn_cnn_sample(4)
+    with pytest.warns(UserWarning, match=r"chunk_size=4 .* 3 chunks.* two halves of 6 and 6"):
+        chunked = gradsift.score(model, "grasp", [(x, y)], samples_per_class=4, chunk_size=4)
+    default = gradsift.score(model, "grasp", [(x, y)], samples_per_class=4)
+    assert _cosine(chunked, default) < 0.999
+    with warnings.catch_warnings():  # without BatchNorm any chunking is exact: no warning
+        warnings.simplefilter("error", UserWarning)
+        gradsift.score(mlp(), "grasp", batches(4, n=6), samples_per_class=2, chunk_size=4)
+
+
+@pytest.mark.parametrize("batch_weighting", ["size", "batch"])
+def test_grasp_batch_weighting_against_hand_computation(batch_weighting):
+    """Issue 16: 15 samples in chunks of 6, 6 and 3: ``"size"`` takes g and Hg of the
+    mean over the 15 samples, ``"batch"`` of the mean of the three chunk means."""
+    model = mlp()
+    data = batches(4, n=6)
+    x, y = gradsift.pruning.class_balanced_sample(data, 5, 3)
+    chunks = [(x[a:b], y[a:b]) for a, b in ((0, 6), (6, 12), (12, 15))]
+    weights = [6 / 15, 6 / 15, 3 / 15] if batch_weighting == "size" else [1 / 3] * 3
+    f, w = flat_loss(model, NAMES, chunks, 200.0, weights=weights)
+    leaf = w.clone().requires_grad_()
+    g = torch.autograd.grad(f(leaf), leaf)[0].detach()
+    _, hg = torch.autograd.functional.hvp(f, w.detach(), g)
+    expected = unflatten(w.detach() * hg, model, NAMES)
+    got = gradsift.score(
+        model,
+        "grasp",
+        data,
+        samples_per_class=5,
+        chunk_size=6,
+        batch_weighting=batch_weighting,
+    )
+    for n in NAMES:
+        torch.testing.assert_close(got[n], expected[n], rtol=1e-9, atol=1e-18)
+    with pytest.raises(ValueError, match="batch_weighting must be one of"):
+        gradsift.score(model, "grasp", data, batch_weighting="sample")

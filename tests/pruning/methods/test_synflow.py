@@ -7,7 +7,8 @@ from torch import nn
 import gradsift
 from gradsift.lab.models import VGG
 from gradsift.pruning.methods.synflow import synflow_rescorer
-from pruning_support import mlp
+from gradsift.pruning.methods.synflow_l2 import synflow_l2_rescorer
+from pruning_support import Tied, dict_data, mlp, token_data
 
 
 def closed_form(model):
@@ -51,14 +52,29 @@ def test_synflow_needs_shape():
         gradsift.score(mlp(), "synflow")
 
 
-def test_synflow_rescorer_equals_scoring_the_masked_model():
+@pytest.mark.parametrize(
+    "method, rescorer", [("synflow", synflow_rescorer), ("synflow_l2", synflow_l2_rescorer)]
+)
+def test_rescorer_equals_scoring_the_masked_model(method, rescorer):
     model = mlp()
-    rescore = synflow_rescorer(model, input_shape=(12,))
+    rescore = rescorer(model, input_shape=(12,))
     first = rescore(None)
     masks = gradsift.masks_from_scores(first, 0.6)
     gradsift.apply_masks_(model, masks)
     again = rescore(masks)
-    expected = gradsift.score(model, "synflow", input_shape=(12,))
+    expected = gradsift.score(model, method, input_shape=(12,))
     for n in expected:
         torch.testing.assert_close(again[n], expected[n], rtol=1e-12, atol=0)
         assert (again[n][masks[n] == 0] == 0).all()
+
+
+def test_synflow_says_that_embedding_inputs_are_not_supported():
+    """Issue 15, case 15: the all-ones input is real-valued; a model whose input goes
+    through ``nn.Embedding`` gets an error that says so, not an index-type error."""
+    with pytest.raises(ValueError, match=r"synflow.*nn\.Embedding 'embedding'.*token ids"):
+        gradsift.score(Tied(), "synflow", token_data())
+
+
+def test_synflow_needs_a_tensor_input_to_read_the_shape():
+    with pytest.raises(ValueError, match="pass input_shape="):
+        gradsift.score(mlp(), "synflow", dict_data())

@@ -4,13 +4,15 @@ Each is ``(function, columns)`` by name, for ``gradsift bench NAME`` and the spe
 study alike. Ratios are what to read; absolute times depend on the machine.
 """
 
-from gradsift.lab.bench import ddp_step, scoring, selection, step
+from gradsift.lab.bench import ddp_step, methods, scoring, selection, step, ties
 
 BENCHES = {
     "select": (selection.bench_select, selection.COLUMNS),
     "step": (step.bench_step, step.COLUMNS),
     "score": (scoring.bench_score, scoring.COLUMNS),
     "ddp": (ddp_step.bench_ddp, ddp_step.COLUMNS),
+    "methods": (methods.bench_methods, methods.COLUMNS),
+    "ties": (ties.bench_ties, ties.COLUMNS),
 }
 
 __all__ = ["BENCHES"]

@@ -1,5 +1,12 @@
-"""``gradsift bench ddp``: two gloo processes, step time and bytes per step of the
-top-k hook against DDP's allreduce, through the one training loop (``fit``)."""
+"""``gradsift bench ddp [--bandwidth RATE]``: two gloo processes, the step time and
+bytes per step of every way to communicate gradients, through the one training loop
+(``fit``): DDP's allreduce, torch's ``fp16_compress_hook`` and PowerSGD (rank 4),
+gradsift's top-k with the old wire format (int64 + float32) and the compact one
+(``encoding="auto"``, bfloat16 values); and the same step in one process with no
+communication at all. With ``--bandwidth`` it runs in a network namespace whose
+loopback is shaped (``gradsift.lab.shaping``); bytes are then counted on that
+loopback, every byte the ranks exchanged, divided by the ranks.
+"""
 
 from __future__ import annotations
 
@@ -14,88 +21,153 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, TensorDataset
 
-from gradsift.distributed import TopKHookState, topk_hook
+from gradsift.lab.comm import make_hook
 from gradsift.lab.launch import free_port
 from gradsift.lab.models import build_model
-from gradsift.lab.tables import Column
+from gradsift.lab.shaping import ENV, loopback_bytes, run_shaped
+from gradsift.lab.tables import Column, columns
 from gradsift.lab.training import fit
 
 __all__ = ["bench_ddp", "COLUMNS"]
 
-_WARMUP = 3  # steps not timed: the hook's dense start and DDP's bucket rebuild
+_WARMUP = 3  # steps not timed: dense starts, DDP's bucket rebuild, PowerSGD's start
+
+VARIANTS = {  # name -> make_hook arguments
+    "allreduce": {"comm": "allreduce"},
+    "fp16_compress_hook": {"comm": "fp16"},
+    "PowerSGD rank 4": {"comm": "powersgd"},
+    "top-k 0.01 int64+fp32": {"comm": "topk", "density": 0.01, "encoding": "int64"},
+    "top-k 0.01 compact": {"comm": "topk", "density": 0.01, "value_dtype": torch.bfloat16},
+    "top-k 0.001 int64+fp32": {"comm": "topk", "density": 0.001, "encoding": "int64"},
+    "top-k 0.001 compact": {"comm": "topk", "density": 0.001, "value_dtype": torch.bfloat16},
+}
 
 
-def _kib(key):
-    return lambda r: None if r[key] is None else r[key] / 1024
+def _mib(r):
+    return None if r.get("bytes_per_step") is None else r["bytes_per_step"] / 2**20
 
 
 COLUMNS = [
-    Column(lambda r: "allreduce" if r["density"] is None else f"top-k {r['density']:g}", "hook"),
-    Column("step_ms", "step ms", ".1f"),
-    Column("time_over_allreduce", "time/allreduce", ".2f"),
-    Column(_kib("bytes_sent_per_step"), "KiB sent/step", ".1f"),
-    Column(_kib("bytes_dense_per_step"), "KiB dense/step", ".1f"),
-    Column(lambda r: r.get("compression", 1.0), "dense/sent", ".1f"),
+    *columns(
+        """
+        hook                 hook
+        step_ms              step ms              .1f
+        time_over_allreduce  time/allreduce       .2f
+        """
+    ),
+    Column(_mib, "MiB/step/rank", ".3f"),
+    *columns(
+        """
+        bytes_per_coordinate  bytes/sent coordinate  .2f
+        error                 error
+        """
+    ),
 ]
 
 
-def _timed_run(model_name, density, steps, batch, rank) -> dict:
-    torch.manual_seed(0)
-    ddp = DistributedDataParallel(build_model(model_name))
-    state = None
-    if density is not None:
-        state = TopKHookState(density=density)
-        ddp.register_comm_hook(state, topk_hook)
+def _batches(steps: int, batch: int, rank: int) -> DataLoader:
     gen = torch.Generator().manual_seed(rank)
     x = torch.randn(batch, 3, 32, 32, generator=gen)
     y = torch.randint(0, 10, (batch,), generator=gen)
-    data = DataLoader(TensorDataset(x.repeat(steps, 1, 1, 1), y.repeat(steps)), batch_size=batch)
+    return DataLoader(TensorDataset(x.repeat(steps, 1, 1, 1), y.repeat(steps)), batch_size=batch)
+
+
+def _timed(forward, model, data, on_step_extra=None, *, barrier=True) -> list[float]:
     stamps = []
 
-    def on_step():  # a barrier per step: every rank's step is timed alike
-        dist.barrier()
+    def on_step():
+        if barrier:
+            dist.barrier()  # every rank's step is timed alike
         stamps.append(time.perf_counter())
-        if state is not None and len(stamps) == _WARMUP:  # count compressed steps only
-            state.bytes_sent = state.bytes_dense = 0
+        if on_step_extra is not None:
+            on_step_extra(len(stamps))
 
-    dist.barrier()
     start = time.perf_counter()
-    fit(ddp, torch.optim.SGD(ddp.parameters(), lr=0.01), data, epochs=1, on_step=on_step)
-    times = [b - a for a, b in zip([start, *stamps], stamps)][_WARMUP:]
+    fit(forward, torch.optim.SGD(model.parameters(), lr=0.01), data, epochs=1, on_step=on_step)
+    return [b - a for a, b in zip([start, *stamps], stamps)][_WARMUP:]
+
+
+def _run_variant(name, model_name, steps, batch, rank, world) -> dict:
+    torch.manual_seed(0)
+    model = build_model(model_name)
+    ddp = DistributedDataParallel(model)
+    state, hook, _ = make_hook(**VARIANTS[name])
+    if hook is not None:
+        ddp.register_comm_hook(state, hook)
+    marks = {}
+
+    def mark(step):
+        if step == _WARMUP:
+            marks["lo"], marks["hook"] = loopback_bytes(), getattr(state, "bytes_sent", 0)
+
+    times = _timed(ddp, model, _batches(steps, batch, rank), mark)
     counted = len(times)
-    return {
-        "density": density,
-        "step_ms": 1e3 * statistics.median(times),
-        "bytes_sent_per_step": state.bytes_sent / counted if state else None,
-        "bytes_dense_per_step": state.bytes_dense / counted if state else None,
-    }
+    row = {"hook": name, "step_ms": 1e3 * statistics.median(times)}
+    row["bytes_per_step"] = (loopback_bytes() - marks["lo"]) / counted / world
+    if hasattr(state, "bytes_sent"):  # top-k: its own count of what it sent
+        n = sum(p.numel() for p in model.parameters())
+        sent = (state.bytes_sent - marks["hook"]) / counted
+        row["bytes_per_coordinate"] = sent / state.budget.resolve(n)
+    return row
 
 
-def _job(rank, world, port, model_name, densities, steps, batch, queue) -> None:
+def _no_comm(model_name, steps, batch) -> dict:
+    torch.manual_seed(0)
+    model = build_model(model_name)
+    times = _timed(model, model, _batches(steps, batch, 0), barrier=False)
+    return {"hook": "one process, no communication", "step_ms": 1e3 * statistics.median(times)}
+
+
+def _job(rank, world, port, model_name, variants, steps, batch, queue) -> None:
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=300))
     torch.set_num_threads(1)  # two processes share the machine's cores
-    rows = [_timed_run(model_name, d, steps, batch, rank) for d in [None, *densities]]
+    rows = []
+    for name in variants:
+        try:
+            rows.append(_run_variant(name, model_name, steps, batch, rank, world))
+        except Exception as exc:  # noqa: BLE001 - a hook that fails is a result to report
+            rows.append({"hook": name, "error": f"{type(exc).__name__}: {exc}"[:160]})
+            dist.barrier()
     if rank == 0:
+        dist.barrier()
+        torch.set_num_threads(1)
+        rows.append(_no_comm(model_name, steps, batch))
         queue.put(rows)
+    else:
+        dist.barrier()
     dist.destroy_process_group()
 
 
-def bench_ddp(densities=(0.01, 0.001), steps: int = 13, batch: int = 32, model="resnet20"):
-    """2 gloo processes: median step time after the warm-up, bytes per step."""
+def _two_ranks(model, variants, steps, batch) -> list[dict]:
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    port = free_port()
-    args = (2, port, model, densities, steps, batch, queue)
+    args = (2, free_port(), model, list(variants), steps, batch, queue)
     procs = [ctx.Process(target=_job, args=(r, *args)) for r in range(2)]
     for p in procs:
         p.start()
-    rows = queue.get(timeout=900)
+    rows = queue.get(timeout=3600)
     for p in procs:
         p.join()
-    base = rows[0]["step_ms"]
+    base = next((r["step_ms"] for r in rows if r["hook"] == "allreduce" and "step_ms" in r), None)
     for r in rows:
-        r["time_over_allreduce"] = r["step_ms"] / base
-        if r["bytes_sent_per_step"]:
-            r["compression"] = r["bytes_dense_per_step"] / r["bytes_sent_per_step"]
+        if base and "step_ms" in r:
+            r["time_over_allreduce"] = r["step_ms"] / base
     return rows
+
+
+def bench_ddp(
+    bandwidth: str | None = None,
+    model: str = "resnet18",
+    steps: int = 13,
+    batch: int = 8,
+    variants=tuple(VARIANTS),
+) -> list[dict]:
+    """Rows per variant (see the module docstring); ``bandwidth`` like ``1gbit``."""
+    if bandwidth is not None and os.environ.get(ENV) != bandwidth:
+        kwargs = {"bandwidth": bandwidth, "model": model, "steps": steps, "batch": batch}
+        rows = run_shaped(
+            bandwidth, f"{__name__}:bench_ddp", {**kwargs, "variants": list(variants)}
+        )
+        return [{**r, "bandwidth": bandwidth} for r in rows]
+    return _two_ranks(model, variants, steps, batch)

@@ -6,7 +6,11 @@ the same code path that the tests run.
 1. ``collapse``: layer collapse vs compression, no training.
 2. ``accuracy``: accuracy vs sparsity on the embedded digits, real and shuffled masks.
 3. ``topk``: dense vs top-k sparse training, with and without error feedback.
-4. ``speed``: the select, step, score and ddp benchmarks.
+4. ``speed``: every benchmark.
+5. ``ddp``: distributed top-k under emulated bandwidth limits.
+6. ``agreement``: SNIP and GraSP against the authors' code on a BatchNorm ResNet-20.
+7. ``mnist``: accuracy vs sparsity on MNIST-5k (LeNet-300-100, LeNet-5-Caffe), every
+   method under the global and ERK budgets, with sanity variants.
 """
 
 from __future__ import annotations
@@ -15,13 +19,24 @@ from pathlib import Path
 
 from gradsift.lab.atomic import atomic_write_bytes, atomic_write_json
 from gradsift.lab.studies.accuracy import accuracy
+from gradsift.lab.studies.agreement import agreement
 from gradsift.lab.studies.collapse import collapse
+from gradsift.lab.studies.ddp import ddp
+from gradsift.lab.studies.mnist import mnist
 from gradsift.lab.studies.speed import speed
 from gradsift.lab.studies.topk import topk
 
 __all__ = ["STUDIES", "run_study"]
 
-STUDIES = {"collapse": collapse, "accuracy": accuracy, "topk": topk, "speed": speed}
+STUDIES = {
+    "collapse": collapse,
+    "accuracy": accuracy,
+    "topk": topk,
+    "speed": speed,
+    "ddp": ddp,
+    "agreement": agreement,
+    "mnist": mnist,
+}
 
 
 def run_study(name: str, out, *, quick: bool = False, command: str = "") -> dict:

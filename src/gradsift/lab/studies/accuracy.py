@@ -7,18 +7,11 @@ from collections import defaultdict
 from pathlib import Path
 
 from gradsift.lab.runs import RunSpec, run_sweep
-from gradsift.lab.studies.common import mean_std, training_result
+from gradsift.lab.studies.common import mean_std, paper_rounds, training_result
 from gradsift.lab.tables import Column, render
 from gradsift.lab.training import TrainConfig
-from gradsift.pruning import get_method
 
 METHODS = ["random", "magnitude", "snip", "grasp", "synflow"]
-
-
-def _iterations(method: str, quick: bool) -> int:
-    """The paper's rounds (SynFlow: 100); two in the quick form."""
-    paper = get_method(method).paper_iterations
-    return min(paper, 2) if quick else paper
 
 
 def accuracy(out: Path, *, quick: bool = False):
@@ -33,7 +26,7 @@ def accuracy(out: Path, *, quick: bool = False):
             sparsity=s,
             seed=seed,
             shuffle=shuffle,
-            iterations=_iterations(m, quick),
+            iterations=paper_rounds(m, quick),
             train=TrainConfig(epochs=epochs),
         )
         for m in METHODS

@@ -7,7 +7,9 @@ import statistics
 
 import torch
 
-__all__ = ["machine", "training_result", "mean_std"]
+from gradsift.pruning import get_method
+
+__all__ = ["machine", "training_result", "mean_std", "paper_rounds"]
 
 
 def machine() -> str:
@@ -32,3 +34,9 @@ def training_result(study: str, quick: bool, epochs: int, seeds: list, runs: lis
 
 def mean_std(values) -> tuple[float, float]:
     return statistics.mean(values), (statistics.pstdev(values) if len(values) > 1 else 0.0)
+
+
+def paper_rounds(method: str, quick: bool) -> int:
+    """The pruning rounds of ``method``'s paper (SynFlow: 100); two in a quick form."""
+    paper = get_method(method).paper_iterations
+    return min(paper, 2) if quick else paper

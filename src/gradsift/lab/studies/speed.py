@@ -1,4 +1,4 @@
-"""The select, step, score and ddp benchmarks in one study; ``--quick`` runs every one
+"""Every benchmark of ``gradsift bench`` in one study; ``--quick`` runs every one
 of them on tiny sizes with one repeat."""
 
 from __future__ import annotations
@@ -14,6 +14,13 @@ _QUICK = {
     "step": {"shapes": [(300, 301), (5,), (40_000,)], "repeats": 1},
     "score": {"model": "lenet5", "samples_per_class": 2, "input_shape": (3, 8, 8), "repeats": 1},
     "ddp": {"model": "mlp", "steps": 5, "batch": 4},
+    "ties": {"n": 200_000, "repeats": 1, "shapes": [(300, 301), (5,), (40_000,)]},
+    "methods": {
+        "input_shape": (3, 8, 8),
+        "batch_size": 8,
+        "methods": ["snip", "synflow"],
+        "iterations": 2,
+    },
 }
 
 

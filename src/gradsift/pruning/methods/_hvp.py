@@ -7,8 +7,23 @@ backward, as the GraSP authors do) or forward-over-reverse (``torch.func.jvp`` o
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Mapping
+from typing import NamedTuple
+
 import torch
 from torch import nn
+
+from gradsift.pruning.inputs import forward
+
+
+class Chunk(NamedTuple):
+    """Samples that go through the model together (and share BatchNorm statistics),
+    and ``share``, the weight of their mean loss in the loss over the sample."""
+
+    x: object
+    y: torch.Tensor
+    share: float
 
 
 def add_(acc: list[torch.Tensor], parts) -> None:
@@ -16,13 +31,28 @@ def add_(acc: list[torch.Tensor], parts) -> None:
         a += p
 
 
-def gradient(model, leaves, weighted, chunks, keep):
+def math_attention():
+    """A context in which ``scaled_dot_product_attention`` takes its math backend.
+
+    The fused kernels (flash attention on CPU and CUDA) have no double backward and no
+    forward-mode derivative; the math backend is plain differentiable operations.
+    Outside attention nothing changes. On torch < 2.3 (no ``torch.nn.attention``) it
+    does nothing.
+    """
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+    except ImportError:  # pragma: no cover - torch < 2.3
+        return contextlib.nullcontext()
+    return sdpa_kernel(SDPBackend.MATH)
+
+
+def gradient(model, leaves, loss, chunks, keep):
     """``g = ∇L`` over all chunks; where ``keep[i]``, chunk i's gradient is taken with
     ``create_graph`` and returned in ``kept[i]`` (else None) for the Hg pass to reuse."""
     g = [torch.zeros_like(t) for t in leaves]
     kept = []
-    for (xc, yc), k in zip(chunks, keep):
-        grads = torch.autograd.grad(weighted(model(xc), yc), leaves, create_graph=k)
+    for chunk, k in zip(chunks, keep):
+        grads = torch.autograd.grad(loss(forward(model, chunk.x), chunk), leaves, create_graph=k)
         add_(g, [gi.detach() for gi in grads])
         kept.append(grads if k else None)
     return g, kept
@@ -40,23 +70,28 @@ def batch_stats_only_(model: nn.Module) -> None:
             m.running_mean = m.running_var = m.num_batches_tracked = None
 
 
-def hvp_double(model, leaves, weighted, xc, yc, g, grads=None):
+def hvp_double(model, leaves, loss, chunk, g, grads=None):
     """Hg reverse-over-reverse: ``∇(gᵀ∇L)`` through a ``create_graph`` backward.
 
     ``grads``: this chunk's ``create_graph`` gradient if already computed.
     """
     if grads is None:
-        grads = torch.autograd.grad(weighted(model(xc), yc), leaves, create_graph=True)
+        grads = torch.autograd.grad(loss(forward(model, chunk.x), chunk), leaves, create_graph=True)
     z = sum((gi * gg).sum() for gi, gg in zip(grads, g))
     return torch.autograd.grad(z, leaves)
 
 
-def hvp_forward(model, names, leaves, weighted, xc, yc, g):
+def hvp_forward(model, names, leaves, loss, chunk, g):
     """Hg forward-over-reverse: the derivative of ``∇L(θ + εg)`` at ε = 0."""
     from torch.func import functional_call, grad, jvp
 
+    x = chunk.x
+    args = () if isinstance(x, Mapping) else tuple(x) if isinstance(x, (tuple, list)) else (x,)
+    kwargs = dict(x) if isinstance(x, Mapping) else None
+
     def f(theta):
-        return weighted(functional_call(model, dict(zip(names, theta)), (xc,), strict=False), yc)
+        out = functional_call(model, dict(zip(names, theta)), args, kwargs, strict=False)
+        return loss(out, chunk)
 
     _, tangent = jvp(grad(f), (tuple(t.detach() for t in leaves),), (tuple(g),))
     return tangent

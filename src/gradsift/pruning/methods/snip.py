@@ -1,9 +1,16 @@
 """SNIP: Lee, Ajanthan & Torr, "SNIP: Single-shot Network Pruning based on Connection
 Sensitivity", ICLR 2019, arXiv:1810.02340.
 
-Score ``|g ⊙ θ|`` with ``g = ∂L/∂θ`` the gradient of the loss summed over
-``num_batches`` batches (the paper: one mini-batch). Scored in train mode, as the
-model would train.
+Score ``|g ⊙ θ|`` with ``g = ∂L/∂θ`` the gradient of the loss over ``num_batches``
+batches. Scored in **train mode**: BatchNorm normalises each batch with its own
+statistics, as the model will train and as the SNIP and Synaptic-Flow codes score it
+when the model is in train mode (scoring in eval mode, with the running statistics of
+an untrained network, gives a different ranking altogether: ``docs/results.md`` §5).
+
+``num_batches=1`` (the default) is the SNIP paper's single mini-batch. The
+Synaptic-Flow repository (Tanaka et al. 2020, arXiv:2006.05467) instead sums the
+gradient of every batch of its pruning loader (10 samples per class, batches of
+256): ``num_batches=None, batch_weighting="batch"`` reproduces it.
 """
 
 from __future__ import annotations
@@ -11,23 +18,54 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F  # noqa: N812
 
+from gradsift.checks import check_choice
+from gradsift.pruning.inputs import forward, num_samples
 from gradsift.pruning.params import device_of, effective, leaves
 from gradsift.pruning.registry import register_method
-from gradsift.pruning.sampling import batches, need_data
+from gradsift.pruning.sampling import BATCH_WEIGHTINGS, batch_weight, batches, need_data
 
 
-def snip(model, targets, data=None, *, loss_fn=F.cross_entropy, num_batches: int | None = 1):
-    """``|g ⊙ θ|``, ``g`` the loss gradient summed over ``num_batches`` batches."""
+def snip(
+    model,
+    targets,
+    data=None,
+    *,
+    loss_fn=F.cross_entropy,
+    num_batches: int | None = 1,
+    batch_weighting: str = "size",
+    split_batch=None,
+):
+    """``|g ⊙ θ|``, ``g = Σ_b w_b ∇L_b / Σ_b w_b`` over ``num_batches`` batches (None:
+    all), ``L_b = loss_fn(model(inputs_b), targets_b)`` a batch's mean loss.
+
+    ``batch_weighting="size"`` (default): ``w_b`` is the batch's number of samples, so
+    ``g`` is the gradient of the mean loss over all samples read, whatever the
+    batching (a loader's smaller last batch counts for its size). ``"batch"``:
+    ``w_b = 1``, each batch's mean counts the same (the Synaptic-Flow repository sums
+    them: a factor ``num_batches`` that does not change the ranking). With batches of
+    equal size the two agree exactly.
+
+    ``split_batch``: ``batch -> (inputs, targets)`` for batches that are not such
+    pairs (``gradsift.pruning.inputs``).
+    """
     need_data(data, "snip")
+    check_choice("batch_weighting", batch_weighting, BATCH_WEIGHTINGS)
     model.train()
     ws = leaves(targets)
-    grads = None
-    for x, y in batches(data, device_of(model), num_batches):
-        g = torch.autograd.grad(loss_fn(model(x), y), ws)
-        grads = list(g) if grads is None else [a + b for a, b in zip(grads, g)]
+    grads, first, total = None, None, 0.0
+    for x, y in batches(data, device_of(model), num_batches, split_batch):
+        g = torch.autograd.grad(loss_fn(forward(model, x), y), ws)
+        # weights relative to the first batch's: equal batches add up unscaled
+        first = first or batch_weight(num_samples(y), batch_weighting)
+        w = batch_weight(num_samples(y), batch_weighting) / first
+        grads = list(g) if grads is None else [a + w * b for a, b in zip(grads, g)]
+        total += w
     if grads is None:
         raise ValueError("data yielded no batches")
-    return {name: (g * effective(m, a)).abs() for (name, (m, a)), g in zip(targets.items(), grads)}
+    return {
+        name: (g / total * effective(m, a)).abs()
+        for (name, (m, a)), g in zip(targets.items(), grads)
+    }
 
 
 register_method("snip", snip)

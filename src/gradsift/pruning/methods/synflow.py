@@ -6,6 +6,12 @@ linearised network (every weight replaced by ``|θ|``, biases zeroed, BatchNorm 
 mode with zero running mean) on an all-ones input, in float64. For a bias-free ReLU
 network the per-layer score sums all equal ``R`` (the conservation law). Iterative
 pruning (the paper: 100 rounds) rescores one linearised copy with the masks applied.
+
+Scored in **eval mode** (BatchNorm as the affine map of its running statistics, the
+mean zeroed), as in the Synaptic-Flow repository: with batch statistics the output
+on a single all-ones input would not be a product of the layers' weights. The input
+is real-valued, so a model whose input goes through ``nn.Embedding`` (token ids) is
+not supported: it raises a ``ValueError`` that says so.
 """
 
 from __future__ import annotations
@@ -19,15 +25,17 @@ from gradsift.pruning.masks import apply_masks_
 from gradsift.pruning.params import Selector, device_of, effective, leaves, private_copy
 from gradsift.pruning.registry import register_method
 
-__all__ = ["synflow", "synflow_rescorer"]
+__all__ = ["linearise_", "linearised_rescorer", "linearised_scores", "synflow", "synflow_rescorer"]
 
 
-def _linearise_(model: nn.Module, dtype: torch.dtype) -> None:
-    """|θ| for every weight, 0 for every bias and BatchNorm mean: flow only through θ.
+def linearise_(model: nn.Module, dtype: torch.dtype, power: int = 1) -> None:
+    """|θ|^power for every weight, 0 for every bias and BatchNorm mean: flow only through θ.
 
     With PyTorch's default (non-zero) biases, bias terms inject flow that bypasses
     pruned weights, which breaks SynFlow's conservation law; zeroing them in the
-    copy restores it (the paper's models initialise biases to zero).
+    copy restores it (the paper's models initialise biases to zero). With ``power=2``
+    BatchNorm's eval scale ``γ/√(var+ε)`` becomes its square ``γ²/(var+ε)``, as every
+    other linear map's entries do.
     """
     model.to(dtype).eval()
     with torch.no_grad():
@@ -36,12 +44,34 @@ def _linearise_(model: nn.Module, dtype: torch.dtype) -> None:
                 if attr in ("bias", "bias_orig"):
                     p.zero_()
                 else:
-                    p.abs_()
+                    p.abs_().pow_(power)
             if (
                 isinstance(module, nn.modules.batchnorm._NormBase)
                 and module.running_mean is not None
             ):
                 module.running_mean.zero_()
+                if power == 2:
+                    module.running_var.add_(module.eps).square_().sub_(module.eps)
+    for name, module in model.named_modules():
+        if isinstance(module, (nn.Embedding, nn.EmbeddingBag)):
+            module.register_forward_pre_hook(_RefuseOnes(name, type(module).__name__))
+
+
+class _RefuseOnes:
+    """Pre-hook of an embedding on the linearised copy: SynFlow's real-valued input
+    cannot be token ids (an embedding fed ids made inside the model is fine)."""
+
+    def __init__(self, name: str, kind: str):
+        self.name, self.kind = name, kind
+
+    def __call__(self, module, args):
+        if args and isinstance(args[0], torch.Tensor) and args[0].is_floating_point():
+            raise ValueError(
+                f"synflow feeds the network an all-ones real-valued input, and nn.{self.kind} "
+                f"{self.name!r} received it as token ids; SynFlow is defined for networks "
+                "whose input is real-valued, so models that take token ids are not "
+                "supported (score them with snip, grasp, magnitude or random)"
+            )
 
 
 def _input_shape(data, input_shape):
@@ -49,21 +79,53 @@ def _input_shape(data, input_shape):
         return tuple(input_shape)
     if data is None:
         raise ValueError("synflow needs input_shape= or data= to know the input shape")
-    return tuple(next(iter(data))[0].shape[1:])
+    first = next(iter(data), None)
+    x = first[0] if isinstance(first, (tuple, list)) and len(first) == 2 else None
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(
+            "synflow reads the input shape from the inputs of data's first (inputs, "
+            "targets) batch, which must be a tensor; pass input_shape="
+        )
+    return tuple(x.shape[1:])
 
 
-def _scores(model, targets, input_shape, dtype):
+def _scores(model, targets, input_shape, dtype, power):
+    """``|θ| ⊙ ∂R/∂φ`` at ``φ = |θ|^power``, ``R`` the output sum on ones."""
     ws = leaves(targets)
     ones = torch.ones((1, *input_shape), dtype=dtype, device=device_of(model))
     grads = torch.autograd.grad(model(ones).sum(), ws)
-    return {name: effective(m, a).detach() * g for (name, (m, a)), g in zip(targets.items(), grads)}
+    return {
+        name: effective(m, a).detach().pow(1 / power) * g
+        for (name, (m, a)), g in zip(targets.items(), grads)
+    }
+
+
+def linearised_scores(model, targets, data, input_shape, dtype, power):
+    """Score one linearised (``power=1``) or squared (``power=2``) private copy."""
+    input_shape = _input_shape(data, input_shape)
+    linearise_(model, dtype, power)
+    return _scores(model, targets, input_shape, dtype, power)
+
+
+def linearised_rescorer(model, data, *, params, input_shape, dtype, power):
+    """``rescore(masks) -> scores`` on one private linearised copy: equal to scoring
+    the masked model each round, without re-copying and re-linearising the network
+    every round (the masks are the only thing that change)."""
+    shape = _input_shape(data, input_shape)
+    work, targets = private_copy(model, params)
+    linearise_(work, dtype, power)
+
+    def rescore(masks: dict | None) -> dict[str, torch.Tensor]:
+        if masks is not None:
+            apply_masks_(work, masks)
+        return _scores(work, targets, shape, dtype, power)
+
+    return rescore
 
 
 def synflow(model, targets, data=None, *, input_shape=None, dtype=torch.float64):
     """θ ⊙ ∂R/∂θ with R the sum of the linearised network's output on ones."""
-    input_shape = _input_shape(data, input_shape)
-    _linearise_(model, dtype)
-    return _scores(model, targets, input_shape, dtype)
+    return linearised_scores(model, targets, data, input_shape, dtype, power=1)
 
 
 def synflow_rescorer(
@@ -74,21 +136,10 @@ def synflow_rescorer(
     input_shape=None,
     dtype=torch.float64,
 ):
-    """For iterative SynFlow: ``rescore(masks) -> scores`` on one private linearised copy.
-
-    Equal to ``score(model_with_masks, "synflow")`` each round, without re-copying and
-    re-linearising the network every round (the masks are the only thing that change).
-    """
-    shape = _input_shape(data, input_shape)
-    work, targets = private_copy(model, params)
-    _linearise_(work, dtype)
-
-    def rescore(masks: dict | None) -> dict[str, torch.Tensor]:
-        if masks is not None:
-            apply_masks_(work, masks)
-        return _scores(work, targets, shape, dtype)
-
-    return rescore
+    """For iterative SynFlow: ``rescore(masks) -> scores`` (``linearised_rescorer``)."""
+    return linearised_rescorer(
+        model, data, params=params, input_shape=input_shape, dtype=dtype, power=1
+    )
 
 
 register_method("synflow", synflow, rescorer=synflow_rescorer, paper_iterations=100)

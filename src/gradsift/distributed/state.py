@@ -1,0 +1,246 @@
+"""``TopKHookState``: the top-k hook's hyper-parameters, error-feedback memory and
+traffic counters, and ``compress_``: what one rank sends for one step.
+
+Per step, over the whole model seen as one vector ``g`` (all DDP buckets together,
+parameters in one canonical order, so that selection and the stored state do not
+depend on DDP's bucket layout), on each rank::
+
+    g <- g * min(1, c / (sqrt(W) ||g||))      local clipping (DGC Sec. 3.3, optional)
+    u <- m u + g ; a = r + u   (or a = r + g) momentum correction (optional), feedback
+    S = top_k(|a|)                            gradsift.sparsify: exact
+    r <- a with S zeroed ; u <- u with S zeroed
+    q = round(a[S]) to value_dtype ; r[S] = a[S] - q   (the rounding error is kept)
+
+so that ``decoded(q) + r_new == a`` exactly. The hook state follows
+``powerSGDState``: ``__slots__``, dense allreduce for the first ``start_iter``
+iterations. Residuals are stored as one vector keyed by the parameters'
+``(bucket index, position)`` in DDP's initial layout, which any fresh DDP of the same
+model reproduces; a state that does not match the model is an error, never reset.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gradsift.budget import Budget, HasBudget
+from gradsift.checks import check_choice, check_float, check_int
+from gradsift.distributed import encoding as wire
+from gradsift.distributed.warmup import check_schedule, density_at
+from gradsift.sparsify import Workspace, check_momentum_correction, sparsify_
+
+__all__ = ["TopKHookState", "compress_", "compress_into_", "match_layout_", "message_bytes"]
+
+_VALUE_DTYPES = (None, torch.float32, torch.float16, torch.bfloat16)
+_SAVED = ("iter", "bytes_sent", "bytes_dense", "residual", "velocity", "layout", "scale")
+
+
+class TopKHookState(HasBudget):
+    """Hyper-parameters, error-feedback memory and traffic counters of ``topk_hook``.
+
+    Args:
+        density: fraction of the model's coordinates sent per step (or ``k``).
+        error_feedback: keep unsent mass in the residual (default True).
+        start_iter: iterations of plain allreduce before compressing.
+        dense_if_larger: allreduce densely when the bytes model of
+            ``gradsift.distributed.cost`` says sparse would move more.
+        process_group: the group to communicate in (default: the world).
+        encoding: wire format, ``gradsift.distributed.encoding`` (default ``"auto"``).
+        value_dtype: send values as ``torch.bfloat16``/``torch.float16`` (the rounding
+            error stays in the residual) or as the gradient's dtype (None).
+        momentum_correction: DGC momentum ``m``; the inner optimizer then has none.
+        warmup: a density schedule, ``gradsift.distributed.warmup`` (``dgc_warmup``).
+        clip_norm: DGC's local gradient clipping at ``clip_norm / sqrt(world)``.
+        grad_scaler: the ``torch.amp.GradScaler`` scaling the loss: the residual is
+            rescaled (by a power of two: exactly) when its scale changes.
+
+    ``bytes_sent`` counts what this rank contributed, ``bytes_dense`` what plain
+    allreduce would have; ``compression_ratio`` is their quotient.
+    """
+
+    __slots__ = (
+        "budget", "error_feedback", "start_iter", "dense_if_larger", "process_group",
+        "encoding", "value_dtype", "momentum_correction", "warmup", "clip_norm",
+        "grad_scaler", *_SAVED, "_keys", "_workspace", "_stash",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        *,
+        density: float | None = None,
+        k: int | None = None,
+        error_feedback: bool = True,
+        start_iter: int = 2,
+        dense_if_larger: bool = True,
+        process_group=None,
+        encoding: str = "auto",
+        value_dtype: torch.dtype | None = None,
+        momentum_correction: float | None = None,
+        warmup=None,
+        clip_norm: float | None = None,
+        grad_scaler=None,
+    ) -> None:
+        self.budget = Budget(k=k, density=density)
+        self.start_iter = check_int("start_iter", start_iter, minimum=0)
+        self.error_feedback = bool(error_feedback)
+        self.dense_if_larger = bool(dense_if_larger)
+        self.process_group = process_group
+        check_choice("encoding", encoding, wire.ENCODINGS)
+        check_choice("value_dtype", value_dtype, _VALUE_DTYPES)
+        self.encoding, self.value_dtype = encoding, value_dtype
+        self.momentum_correction = check_momentum_correction(momentum_correction)
+        if self.momentum_correction is not None and not self.error_feedback:
+            raise ValueError("momentum_correction needs error_feedback=True (DGC accumulates u)")
+        self.warmup = check_schedule(warmup or [])
+        self.clip_norm = (
+            None if clip_norm is None else check_float("clip_norm", clip_norm, "(0, inf)")
+        )  # noqa: E501
+        self.grad_scaler = grad_scaler
+        self.iter, self.bytes_sent, self.bytes_dense = 0, 0, 0
+        self.residual = self.velocity = self.scale = None
+        self.layout: list[tuple[tuple[int, int], int]] = []
+        self._keys: dict[int, tuple[int, int]] = {}  # id(param) -> key, this process only
+        self._workspace, self._stash = Workspace(), []
+
+    def keys_of(self, bucket) -> list[tuple[int, int]]:
+        """Residual keys of the bucket's parameters (assigned on first sight)."""
+        return [
+            self._keys.setdefault(id(p), (bucket.index(), pos))
+            for pos, p in enumerate(bucket.parameters())
+        ]
+
+    def budget_at(self, iteration: int) -> Budget:
+        """The budget of ``iteration``: the warm-up schedule's density, else ours."""
+        density = density_at(self.warmup, iteration)
+        return self.budget if density is None else Budget(density=density)
+
+    @property
+    def residuals(self) -> dict[tuple[int, int], torch.Tensor]:
+        """Each parameter's residual, by key (views of the one stored vector)."""
+        out, offset = {}, 0
+        for key, size in self.layout if self.residual is not None else []:
+            out[key] = self.residual[offset : offset + size]
+            offset += size
+        return out
+
+    @property
+    def compression_ratio(self) -> float:
+        """Dense bytes over bytes actually sent (1.0 before any compression)."""
+        return self.bytes_dense / self.bytes_sent if self.bytes_sent else 1.0
+
+    def state_dict(self) -> dict:
+        """Everything needed to resume: counters, residual, velocity (cloned)."""
+        out = {name: getattr(self, name) for name in _SAVED}
+        for name in ("residual", "velocity"):
+            if out[name] is not None:
+                out[name] = out[name].clone()
+        out["layout"] = [list(key) + [size] for key, size in self.layout]
+        return out
+
+    def load_state_dict(self, state: dict) -> None:
+        if "residuals" in state and "layout" not in state:  # gradsift 0.1's per-key format
+            keys = sorted(tuple(key) for key in state["residuals"])
+            parts = [state["residuals"][key] for key in keys]
+            state = {
+                **state,
+                "layout": [[*key, r.numel()] for key, r in zip(keys, parts)],
+                "residual": torch.cat([r.reshape(-1) for r in parts]) if parts else None,
+            }
+        for name in _SAVED:
+            value = state.get(name)
+            setattr(self, name, value.clone() if isinstance(value, torch.Tensor) else value)
+        self.layout = [((int(a), int(b)), int(size)) for a, b, size in state.get("layout", [])]
+        self.iter, self.bytes_sent, self.bytes_dense = (
+            int(state[n]) for n in ("iter", "bytes_sent", "bytes_dense")
+        )
+
+    def __getstate__(self):
+        skip = ("process_group", "grad_scaler", "_keys", "_workspace", "_stash")
+        return {s: getattr(self, s) for s in self.__slots__ if s not in skip}
+
+    def __setstate__(self, state):
+        for s, v in state.items():
+            setattr(self, s, v)
+        self.process_group = self.grad_scaler = None
+        self._keys, self._workspace, self._stash = {}, Workspace(), []
+
+
+def compress_(state: TopKHookState, grad: torch.Tensor, keys: list, sizes: list[int]):
+    """Select what this rank sends for ``grad`` (left unchanged): ``(indices, values)``
+    with values in ``state.value_dtype``; updates the residual (and velocity).
+
+    ``grad`` is the concatenation of parameters with ``keys`` and ``sizes``; it must
+    match the state's stored layout (a state from another model raises).
+    """
+    match_layout_(state, grad, list(zip(keys, sizes)))
+    k = state.budget_at(state.iter).resolve(grad.numel())
+    return compress_into_(state, grad.detach().clone(), k, rounded=True)
+
+
+def compress_into_(state: TopKHookState, work: torch.Tensor, k: int, *, rounded: bool):
+    """``compress_`` on ``work`` in place (it is left holding the sparse vector);
+    ``rounded=False`` sends the values in their own dtype (the dense path)."""
+    rescale_for_grad_scaler_(state)
+    m = state.momentum_correction
+    idx, values = sparsify_(
+        work,
+        k,
+        residual=state.residual,
+        velocity=state.velocity,
+        momentum=m or 0.0,
+        workspace=state._workspace,
+    )
+    if rounded and state.value_dtype is not None and state.value_dtype != values.dtype:
+        sent = _round(values, state.value_dtype)
+        if state.residual is not None:  # exact: q is within a factor 2 of a (Sterbenz)
+            state.residual.index_copy_(0, idx, values - sent.to(values.dtype))
+        values = sent
+    return idx, values
+
+
+def _round(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``values`` in ``dtype``; past float16's range the largest finite value is sent
+    (the rest stays behind) up to twice it, and nothing beyond (all stays behind),
+    so that ``values - sent`` is always exact."""
+    if dtype != torch.float16:
+        return values.to(dtype)
+    top = torch.finfo(torch.float16).max
+    clipped = values.clamp(-top, top)
+    clipped = torch.where(values.abs() > 2 * top, torch.zeros_like(values), clipped)
+    return clipped.to(dtype)
+
+
+def match_layout_(state: TopKHookState, grad: torch.Tensor, layout: list) -> None:
+    """Allocate the residual/velocity on first use; a different layout is an error."""
+    if state.layout and state.layout != layout:
+        raise ValueError(
+            "TopKHookState does not match this model: its residuals are for "
+            f"{len(state.layout)} tensors ({sum(s for _, s in state.layout)} values), the "
+            f"model has {len(layout)} ({sum(s for _, s in layout)}); was it loaded from "
+            "another model's checkpoint?"
+        )
+    state.layout = layout
+    wants = {"residual": state.error_feedback, "velocity": state.momentum_correction is not None}
+    for name, wanted in wants.items():
+        current = getattr(state, name)
+        if wanted and current is None:
+            setattr(state, name, torch.zeros_like(grad))
+        elif current is not None:
+            setattr(state, name, current.to(device=grad.device, dtype=grad.dtype))
+
+
+def rescale_for_grad_scaler_(state: TopKHookState) -> None:
+    """Keep the memory in the units of the current loss scale (a power of two)."""
+    if state.grad_scaler is None or not state.grad_scaler.is_enabled():
+        return
+    scale = float(state.grad_scaler.get_scale())
+    if state.scale is not None and scale != state.scale:
+        for t in (state.residual, state.velocity):
+            if t is not None:
+                t.mul_(scale / state.scale)
+    state.scale = scale
+
+
+def message_bytes(state: TopKHookState, n: int, k: int, dtype: torch.dtype) -> tuple[str, int]:
+    """The concrete wire format for this step and its size in bytes."""
+    encoding = wire.choose(state.encoding, n, k)
+    return encoding, wire.message_bytes(encoding, n, k, state.value_dtype or dtype)

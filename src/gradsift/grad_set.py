@@ -1,0 +1,127 @@
+"""The gradients ``TopK`` manages: flat buckets, which gradients are present this
+step, the selection over them, and zeroing.
+
+A parameter that backward did not reach has no gradient, as in torch (where its
+``grad`` is None and the optimizer skips it: no weight decay, no momentum). Here its
+``grad`` is a zeroed view of the flat buffer, so ``GradTracker`` records what
+backward reached, and a missing gradient is ``None`` again while the inner optimizer
+steps (``absent_as_none``).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+
+from gradsift.budget import Budget
+from gradsift.checks import check_finite_grads
+from gradsift.grad_buffer import FlatBucket, GradTracker, build_buckets
+from gradsift.sparsify import Workspace, sparsify_, sparsify_tensors_
+
+__all__ = ["GradSet"]
+
+
+class GradSet:
+    """Flat buckets (one per device and dtype) of ``params`` with ``state_names``
+    buffers (residual, momentum), their workspaces and a ``GradTracker``."""
+
+    def __init__(self, params: list[torch.Tensor], state_names: tuple[str, ...], touched=()):
+        self.params = params
+        self.state_names = state_names
+        self.buckets: list[FlatBucket] = build_buckets(params, state=state_names)
+        self.ids = {id(p) for p in params}
+        self.workspaces = [Workspace() for _ in self.buckets]
+        self.tracker = GradTracker(params)
+        self.tracker.touched |= set(touched)
+        self.sparse = None  # (buffer version, indices) right after a fused step
+        self.absent: list[torch.Tensor] = []
+
+    def stale(self) -> bool:
+        """Whether a parameter changed dtype or device since (``model.to(...)``)."""
+        return not all(b.matches() for b in self.buckets)
+
+    def close(self) -> set[int]:
+        """Remove the hooks; return what backward had reached (for a rebuilt set)."""
+        self.tracker.remove()
+        return set(self.tracker.touched)
+
+    def prepare(self, others: list[torch.Tensor], name_of):
+        """Attach this step's gradients and check them; return the present ones.
+
+        ``others``: parameters with a gradient that are not in the buckets (frozen
+        when the set was built). Non-finite gradients raise before anything changes.
+        """
+        present, complete, self.absent = [], True, []
+        for b in self.buckets:
+            flags = b.present(self.tracker.touched)
+            b.attach_grads_()
+            complete &= all(flags)
+            present += [p for p, f in zip(b.params, flags) if f]
+            # zero views (nothing was written into them): no gradient this step
+            self.absent += [p for p, f in zip(b.params, flags) if not f and p.grad is not None]
+        flats = [b.grad for b in self.buckets] + [p.grad for p in others]
+        check_finite_grads(present + others, flats, name_of)
+        return present + others, complete and not others
+
+    def select(self, present, complete: bool, budget: Budget, scope: str, momentum, own):
+        """Error feedback and top-k over ``present``; ``(idx, vals, k, n)`` on the fused
+        path (one bucket, global scope, every gradient present), else None."""
+        if scope == "global" and len(self.buckets) == 1 and complete:
+            b = self.buckets[0]
+            k = budget.resolve(b.grad.numel())
+            idx, vals = sparsify_(
+                b.grad,
+                k,
+                residual=b.state.get("residual"),
+                velocity=b.state.get("momentum"),
+                momentum=momentum or 0.0,
+                workspace=self.workspaces[0],
+            )
+            return idx, vals, k, b.grad.numel()
+        triples = [(p.grad, own(p, "residual"), own(p, "momentum")) for p in present]
+        sparsify_tensors_(triples, budget, scope=scope, momentum=momentum or 0.0)
+        return None
+
+    @contextmanager
+    def absent_as_none(self):
+        """``grad=None`` for parameters without a gradient while the inner optimizer
+        steps (so it skips them, as it would without TopK); views back afterwards."""
+        absent, self.absent = self.absent, []
+        for p in absent:
+            p.grad = None
+        try:
+            yield
+        finally:
+            for p in absent:
+                if p.grad is None:
+                    b, i = self._where(p)
+                    p.grad = b.view(b.grad, i)
+
+    def _where(self, p) -> tuple[FlatBucket, int]:
+        for b in self.buckets:
+            for i, q in enumerate(b.params):
+                if q is p:
+                    return b, i
+        raise KeyError("parameter not in this set")
+
+    def zero_(self, set_to_none: bool) -> None:
+        """Zero the buffers (only the k selected coordinates right after a fused step
+        that nothing touched since) and re-point assigned gradients at their views."""
+        sparse, self.sparse = self.sparse, None
+        for i, b in enumerate(self.buckets):
+            if i == 0 and sparse is not None and sparse[0] == b.grad._version:
+                b.grad[sparse[1]] = 0
+            else:
+                b.grad.zero_()
+            b.mark_zeroed()
+            for j, p in enumerate(b.params):
+                if set_to_none:
+                    p.grad = None
+                elif p.grad is not None and not b.owns_grad(j):
+                    p.grad = b.view(b.grad, j)  # an assigned grad: back to the zeroed view
+        self.tracker.reset()
+
+    def nbytes(self) -> dict[str, int]:
+        state = sum(t.numel() * t.element_size() for b in self.buckets for t in b.state.values())
+        return {"state": state, "workspace": sum(w.nbytes() for w in self.workspaces)}

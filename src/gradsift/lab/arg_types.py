@@ -1,0 +1,99 @@
+"""argparse ``type`` functions for the ``gradsift`` command line: each turns a bad
+value into argparse's one-line error (exit code 2), most by calling the library's own
+check so that the CLI and the API reject the same values with the same words."""
+
+from __future__ import annotations
+
+import argparse
+
+from gradsift.checks import check_float
+
+__all__ = [
+    "checked",
+    "number",
+    "positive_int",
+    "list_of",
+    "budget",
+    "sanity",
+    "device",
+    "sparsity",
+    "density",
+    "lr",
+]
+
+
+def checked(check, *args):
+    """An argparse ``type`` from a library check: its ValueError is argparse's error."""
+
+    def parse(text: str):
+        try:
+            return check(*args, text)
+        except (ValueError, TypeError) as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parse
+
+
+def number(name: str, interval: str):
+    def check(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise ValueError(f"{name} must be a number, got {text!r}") from None
+        return check_float(name, value, interval)
+
+    return checked(check)
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def list_of(parse):
+    def parse_list(text: str):
+        return [parse(t) for t in text.split(",") if t.strip()]
+
+    return parse_list
+
+
+sparsity = number("sparsity", "[0, 1)")
+density = number("density", "(0, 1]")
+lr = number("lr", "(0, inf)")
+
+
+def budget(text: str) -> str:
+    from gradsift.pruning.budgets import check_budget
+
+    return checked(check_budget)(text)
+
+
+def sanity(text: str) -> str:
+    from gradsift.pruning.sanity import check_sanity
+
+    checked(check_sanity)(text)
+    return text
+
+
+def device(text: str) -> str:
+    """A device this torch can use: ``cpu``, ``cuda``, ``cuda:1`` ..."""
+    import torch
+
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(
+            f"not a torch device: {text!r} (cpu, cuda, cuda:0, ...)"
+        ) from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: CUDA is not available (this torch build or machine has no GPU)"
+        )
+    if device.type not in ("cpu", "cuda"):
+        raise argparse.ArgumentTypeError(f"{text!r}: gradsift runs on cpu or cuda devices")
+    return text

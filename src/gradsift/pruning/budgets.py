@@ -1,0 +1,212 @@
+"""Layer-wise budgets: how many of each layer's weights pruning keeps.
+
+``budget="global"`` ranks every layer together (the scores decide each layer's
+share); every other budget fixes each layer's density ``d_l`` from the shapes alone
+and the criterion ranks within each layer. With ``N = Σ n_l`` weights and sparsity
+``s``, exactly ``K = N - round(s·N)`` are kept under every budget:
+
+- ``"uniform"``: ``d_l = K / N`` for every layer.
+- ``"uniform+dense-first"``: the first layer (model order) dense, the rest uniform at
+  ``(K - n_0) / (N - n_0)`` (refused when ``n_0 > K``).
+- ``"er"`` / ``"erk"``: Erdős–Rényi(-kernel) (Evci, Gale, Menick, Castro & Elsen,
+  "Rigging the Lottery: Making All Tickets Winners", ICML 2020, arXiv:1911.11134,
+  Sec. 3): ``d_l = ε·p_l`` with ``p_l = (n_in + n_out) / (n_in·n_out)`` (ER: the
+  channel counts of a weight shaped ``(out, in, *kernel)``) or
+  ``p_l = Σ_i shape_i / Π_i shape_i`` (ERK: kernel sizes included), and ``ε`` such
+  that ``Σ_l d_l·n_l = K``. A layer with ``ε·p_l > 1`` is made dense and ``ε`` is
+  solved again over the other layers with the budget left after the dense ones,
+  until no density exceeds 1 (the "exact ERK" rule of RigL's
+  ``get_sparsities_erdos_renyi``; solving with ``K`` itself, not ``floor(s·n_l)``
+  per layer, is what keeps the total exact, the point of sparseml#2159).
+  Random scores under ERK are the baseline of Liu et al., "The Unreasonable
+  Effectiveness of Random Pruning", ICLR 2022, arXiv:2202.02643.
+- a callable ``fn(shapes, sparsity) -> {name: density}`` (``shapes``: ``{name:
+  torch.Size}`` in model order): densities in [0, 1] whose kept count
+  ``Σ d_l·n_l`` is ``K`` up to one weight per layer.
+
+Counts (``layer_counts``): real quotas ``d_l·n_l``, scaled to sum to ``K``, rounded
+down, and the remainder handed out one weight at a time by largest fractional part
+(ties: the earlier layer), the largest-remainder rule. Caps (weights still alive
+after earlier rounds) and floors (``min_per_layer``) are met by the same
+water-filling as ERK's: a layer that cannot take its quota holds its cap, and the
+other layers share what is left in proportion to their quotas.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from gradsift.budget import check_scope
+from gradsift.checks import check_choice
+
+__all__ = ["BUDGETS", "check_budget", "layer_counts", "layer_densities", "raw_er"]
+
+BUDGETS = ("global", "uniform", "er", "erk", "uniform+dense-first")
+
+BudgetSpec = str | Callable
+
+
+def check_budget(budget, scope: str | None = None) -> BudgetSpec:
+    """``budget`` validated (None: from ``scope``, whose ``"layer"`` means
+    ``"uniform"``; both given must agree)."""
+    if scope is not None:
+        implied = {"global": "global", "layer": "uniform"}[check_scope(scope)]
+        if budget is not None and budget != implied:
+            raise ValueError(f"scope={scope!r} and budget={budget!r} disagree; give budget= only")
+        budget = implied
+    if budget is None:
+        return "global"
+    if callable(budget):
+        return budget
+    if not isinstance(budget, str):
+        raise TypeError(f"budget must be one of {list(BUDGETS)} or a callable, got {budget!r}")
+    check_choice("budget", budget, BUDGETS)
+    return budget
+
+
+def _kept(n: int, sparsity: float) -> int:
+    return n - round(sparsity * n)
+
+
+def raw_er(shape, *, kernel: bool) -> float:
+    """RigL's raw density ``p_l`` of a weight shaped ``(out, in, *kernel)``."""
+    shape = [int(d) for d in shape]
+    if kernel:
+        return sum(shape) / math.prod(shape)
+    n_out, n_in = shape[0], (shape[1] if len(shape) > 1 else 1)
+    return (n_in + n_out) / (n_in * n_out)
+
+
+def _erdos_renyi(sizes: dict, raw: dict, kept: int) -> dict[str, float]:
+    dense: set[str] = set()
+    while True:
+        free = [n for n in sizes if n not in dense]
+        if not free:
+            return dict.fromkeys(sizes, 1.0)
+        eps = (kept - sum(sizes[n] for n in dense)) / sum(raw[n] * sizes[n] for n in free)
+        over = {n for n in free if eps * raw[n] > 1.0}
+        if not over:  # a layer over 1 stays over as ε grows: saturating all at once is exact
+            return {n: 1.0 if n in dense else eps * raw[n] for n in sizes}
+        dense |= over
+
+
+def layer_densities(shapes: dict, sparsity: float, budget: BudgetSpec) -> dict[str, float]:
+    """``{name: density}`` of a layer-wise budget (``"global"`` has none: it depends
+    on the scores)."""
+    budget = check_budget(budget)
+    sizes = {n: math.prod(int(d) for d in s) for n, s in shapes.items()}
+    total = sum(sizes.values())
+    kept = _kept(total, sparsity)
+    if callable(budget):
+        return _checked_callable(budget(dict(shapes), sparsity), sizes, kept)
+    if budget == "global":
+        raise ValueError('budget="global" has no per-layer densities: the scores decide them')
+    if budget == "uniform":
+        return {n: kept / total for n in sizes}
+    if budget == "uniform+dense-first":
+        first = next(iter(sizes))
+        if sizes[first] > kept:
+            raise ValueError(
+                f'budget="uniform+dense-first": the first layer {first} has {sizes[first]} '
+                f"weights but sparsity={sparsity} keeps only {kept} of {total}"
+            )
+        rest = total - sizes[first]
+        d = (kept - sizes[first]) / rest if rest else 1.0
+        return {n: 1.0 if n == first else d for n in sizes}
+    raw = {n: raw_er(shapes[n], kernel=budget == "erk") for n in sizes}
+    return _erdos_renyi(sizes, raw, kept)
+
+
+def _checked_callable(densities, sizes: dict, kept: int) -> dict[str, float]:
+    if not isinstance(densities, dict) or set(densities) != set(sizes):
+        got = sorted(densities) if isinstance(densities, dict) else type(densities).__name__
+        raise ValueError(f"budget callable must return densities for {list(sizes)}, got {got}")
+    out = {}
+    for n in sizes:
+        d = float(densities[n])
+        if not 0.0 <= d <= 1.0:
+            raise ValueError(f"budget callable: density of {n} must be in [0, 1], got {d}")
+        out[n] = d
+    implied = sum(out[n] * sizes[n] for n in sizes)
+    if abs(implied - kept) > len(sizes):
+        raise ValueError(
+            f"budget callable keeps {implied:.1f} weights, but the sparsity keeps exactly "
+            f"{kept}: densities must satisfy sum(d_l * n_l) = {kept} (up to rounding)"
+        )
+    return out
+
+
+def layer_counts(
+    shapes: dict,
+    sparsity: float,
+    budget: BudgetSpec,
+    *,
+    caps: dict[str, int] | None = None,
+    floor: int = 0,
+) -> dict[str, int]:
+    """Exact kept counts per layer under ``budget`` (see the module docstring).
+
+    ``caps``: at most this many kept per layer (alive weights; default the layer's
+    size); the total is then ``min(K, Σ caps)``. ``floor``: at least
+    ``min(floor, cap)`` per layer (``min_per_layer``).
+    """
+    densities = layer_densities(shapes, sparsity, budget)
+    sizes = {n: math.prod(int(d) for d in s) for n, s in shapes.items()}
+    caps = {n: min(sizes[n], (caps or sizes)[n]) for n in sizes}
+    total = min(_kept(sum(sizes.values()), sparsity), sum(caps.values()))
+    floors = {n: min(floor, caps[n]) for n in sizes}
+    if sum(floors.values()) > total:
+        raise ValueError(
+            f"min_per_layer={floor} needs {sum(floors.values())} weights but sparsity "
+            f"keeps only {total}"
+        )
+    quotas = _water_fill({n: densities[n] * sizes[n] for n in sizes}, caps, floors, total)
+    return _largest_remainder(quotas, caps, floors, total)
+
+
+def _water_fill(quotas: dict, caps: dict, floors: dict, total: int) -> dict[str, float]:
+    """Real quotas scaled to sum to ``total``; those past a bound are pinned to it and
+    the rest rescaled over what is left, until every quota is within its bounds."""
+    pinned: dict[str, float] = {}
+    while True:
+        free = [n for n in quotas if n not in pinned]
+        left = total - sum(pinned.values())
+        weight = sum(quotas[n] for n in free)
+        if not free:
+            return {n: pinned[n] for n in quotas}
+        if weight <= 0:  # nothing to be proportional to: share by capacity
+            weight, base = sum(caps[n] for n in free), caps
+        else:
+            base = quotas
+        scaled = {n: base[n] * left / weight if weight else 0.0 for n in free}
+        high = {n: caps[n] for n in free if scaled[n] > caps[n]}
+        low = {n: floors[n] for n in free if scaled[n] < floors[n]}
+        if not high and not low:
+            return {n: pinned[n] if n in pinned else scaled[n] for n in quotas}
+        pinned.update(high if high else low)  # caps first: pinning one can move the other
+
+
+def _snap(q: float) -> float:
+    return float(round(q)) if abs(q - round(q)) < 1e-9 * max(1.0, q) else q
+
+
+def _largest_remainder(quotas: dict, caps: dict, floors: dict, total: int) -> dict[str, int]:
+    # quotas within float error of an integer (a dense layer) are that integer
+    snapped = {n: _snap(q) for n, q in quotas.items()}
+    counts = {n: min(caps[n], max(floors[n], math.floor(q))) for n, q in snapped.items()}
+    rank = {n: i for i, n in enumerate(snapped)}
+    # remainders equal up to float error are a tie, which the earlier layer wins
+    order = sorted(snapped, key=lambda n: (round(math.floor(snapped[n]) - snapped[n], 9), rank[n]))
+    deficit = total - sum(counts.values())
+    while deficit:
+        step = 1 if deficit > 0 else -1
+        moved = False
+        for n in order if step > 0 else reversed(order):
+            if deficit and floors[n] <= counts[n] + step <= caps[n]:
+                counts[n] += step
+                deficit -= step
+                moved = True
+        if not moved:  # unreachable when floors <= total <= caps, kept as a guard
+            raise RuntimeError("layer_counts: bounds leave no exact apportionment")
+    return counts

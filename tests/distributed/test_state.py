@@ -1,0 +1,114 @@
+"""TopKHookState and compress_: exact conservation (also with 16-bit values), the
+layout check, loss-scale tracking, state dicts, arguments."""
+
+import pytest
+import torch
+
+from gradsift.distributed import TopKHookState, compress_
+
+KEYS, SIZES = [(0, 0), (0, 1)], [300, 200]
+
+
+def _residual(state):
+    return torch.cat([state.residuals[k] for k in KEYS]) if state.residuals else None
+
+
+@pytest.mark.parametrize(
+    "dtype, value_dtype",
+    [(torch.float64, None), (torch.float32, torch.bfloat16), (torch.float32, torch.float16)],
+)
+def test_compress_conserves_mass_exactly(dtype, value_dtype):
+    state = TopKHookState(density=0.1, value_dtype=value_dtype)
+    gen = torch.Generator().manual_seed(0)
+    total_in = torch.zeros(500, dtype=torch.float64)
+    total_sent = torch.zeros(500, dtype=torch.float64)
+    for step in range(20):
+        g = torch.randn(500, generator=gen, dtype=dtype) * 10.0 ** (step % 6)  # past fp16 range
+        before = _residual(state)
+        before = torch.zeros_like(g) if before is None else before.clone()
+        idx, vals = compress_(state, g, KEYS, SIZES)
+        assert idx.numel() == 50 and vals.dtype == (value_dtype or dtype)
+        sent = torch.zeros_like(g).index_add_(0, idx, vals.to(dtype))  # decoded
+        torch.testing.assert_close(sent + _residual(state), before + g, rtol=0, atol=0)
+        total_in += g.double()
+        total_sent += sent.double()
+    if dtype == torch.float64:
+        torch.testing.assert_close(total_sent + _residual(state), total_in, rtol=1e-12, atol=1e-9)
+
+
+def test_fp16_values_beyond_its_range_stay_behind_exactly():
+    state = TopKHookState(k=3, value_dtype=torch.float16)
+    g = torch.tensor([1e5, -7e4, 1e9, 0.5])
+    idx, vals = compress_(state, g, [(0, 0)], [4])
+    assert idx.tolist() == [0, 1, 2]
+    assert vals.float().tolist() == [65504.0, -65504.0, 0.0]
+    assert state.residual.tolist() == [1e5 - 65504.0, -7e4 + 65504.0, 1e9, 0.5]
+
+
+def test_a_state_of_another_model_is_refused():
+    state = TopKHookState(k=2)
+    compress_(state, torch.randn(10), [(0, 0)], [10])
+    with pytest.raises(ValueError, match="does not match this model"):
+        compress_(state, torch.randn(7), [(0, 0)], [7])
+
+
+def test_residual_follows_the_loss_scale():
+    class Scaler:  # the two calls the state makes of torch.amp.GradScaler
+        scale = 1024.0
+
+        def is_enabled(self):
+            return True
+
+        def get_scale(self):
+            return self.scale
+
+    scaler = Scaler()
+    state = TopKHookState(k=1, grad_scaler=scaler)
+    compress_(state, torch.tensor([4.0, 2048.0]), [(0, 0)], [2])
+    assert state.residual.tolist() == [4.0, 0.0]
+    scaler.scale = 512.0  # an overflow halved it: the memory is halved with it
+    compress_(state, torch.tensor([1.0, 0.0]), [(0, 0)], [2])
+    assert state.residual.tolist() == [0.0, 0.0] and state.scale == 512.0
+
+
+def test_state_dict_round_trip_and_the_old_format():
+    state = TopKHookState(density=0.1, momentum_correction=0.9)
+    compress_(state, torch.randn(100), [(0, 0)], [100])
+    state.iter, state.bytes_sent, state.bytes_dense = 7, 10, 400
+    other = TopKHookState(density=0.1, momentum_correction=0.9)
+    other.load_state_dict(state.state_dict())
+    assert (other.iter, other.bytes_sent, other.bytes_dense) == (7, 10, 400)
+    assert torch.equal(other.residuals[(0, 0)], state.residuals[(0, 0)])
+    assert torch.equal(other.velocity, state.velocity) and other.velocity.any()
+    assert other.compression_ratio == 40.0
+    old = {
+        "iter": 3,
+        "bytes_sent": 1,
+        "bytes_dense": 2,
+        "residuals": {(0, 1): torch.ones(2), (0, 0): torch.zeros(3)},
+    }
+    other.load_state_dict(old)
+    assert other.layout == [((0, 0), 3), ((0, 1), 2)]
+    assert other.residual.tolist() == [0.0, 0.0, 0.0, 1.0, 1.0]
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({}, ValueError, "exactly one"),
+        ({"density": 0.1, "start_iter": -1}, ValueError, "start_iter must be >= 0"),
+        ({"density": 2.0}, ValueError, "density must be in"),
+        ({"density": 0.1, "encoding": "zip"}, ValueError, "encoding must be one of"),
+        ({"density": 0.1, "value_dtype": torch.int8}, ValueError, "value_dtype must be one of"),
+        (
+            {"density": 0.1, "momentum_correction": 0.9, "error_feedback": False},
+            ValueError,
+            "needs error_feedback",
+        ),
+        ({"density": 0.1, "warmup": [(0, 0.5)]}, ValueError, "warmup iterations must be >= 1"),
+        ({"density": 0.1, "clip_norm": 0.0}, ValueError, r"clip_norm must be in \(0, inf\)"),
+    ],
+)
+def test_bad_state_arguments(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        TopKHookState(**kwargs)
