@@ -22,6 +22,7 @@ from collections import OrderedDict, defaultdict
 import torch
 from torch.optim import Optimizer
 
+from gradsift._triton_runtime import check_backend, fused_step_
 from gradsift.budget import Budget, HasBudget, check_scope
 from gradsift.grad_set import GradSet
 from gradsift.optim_state import load_own_state, state_dict_with_own
@@ -59,6 +60,8 @@ class TopK(HasBudget, Optimizer):
             accumulated velocity, and zero ``u`` where a coordinate was sent (momentum
             factor masking). Needs ``error_feedback`` and an inner optimizer without
             momentum, which it replaces.
+        backend: ``"torch"`` or ``"triton"``: the step as fused GPU kernels without host
+            sync (opt-in; a non-finite gradient skips it and sets ``found_nonfinite``).
 
     Order within a step: ``loss.backward()``, optionally ``scaler.unscale_(opt)`` and
     ``clip_grad_norm_`` (these see the raw gradient), then ``opt.step()``, which adds
@@ -88,6 +91,7 @@ class TopK(HasBudget, Optimizer):
         error_feedback: bool = True,
         scope: str = "global",
         momentum_correction: float | None = None,
+        backend: str = "torch",
     ) -> None:
         if not isinstance(optimizer, Optimizer):
             raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer)}")
@@ -110,6 +114,8 @@ class TopK(HasBudget, Optimizer):
                     "momentum=0"
                 )
         self.optimizer = optimizer
+        self.backend = check_backend(backend, {p.device for p in self._params()})
+        self.found_nonfinite = None
         self.error_feedback = bool(error_feedback)
         for name in _HOOK_DICTS:
             setattr(self, name, OrderedDict())
@@ -225,6 +231,8 @@ class TopK(HasBudget, Optimizer):
         """
         if closure is not None:
             return self._step_with_closure(closure)
+        if self.backend == "triton" and fused_step_(self):
+            return None
         selected = self._sparsify()
         if (
             selected is not None

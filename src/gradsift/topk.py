@@ -26,6 +26,12 @@ NaN policy: any NaN in ``x`` raises ``ValueError`` (a NaN gradient or score is a
 upstream, and silently ranking it would hide it). ``+-inf`` rank as the largest
 magnitudes (or as the extremes with ``absolute=False``), as in ``torch.topk``.
 
+Backends: ``backend="torch"`` (default) is the above on CPU and a ``torch.topk``-based
+exact selection elsewhere. ``backend="triton"`` runs the same selection as GPU kernels
+(``gradsift._topk_triton``; needs the optional ``triton``) for float16, bfloat16 and
+float32, with identical results; it is opt-in because its speed has not been measured
+on a GPU yet.
+
 References: Shi et al., "Understanding Top-k Sparsification in Distributed Deep
 Learning" (2019, arXiv:1911.08772) and Lin et al., "Deep Gradient Compression"
 (ICLR 2018, arXiv:1712.01887) for sampled thresholds.
@@ -37,6 +43,7 @@ import torch
 
 from gradsift._topk_exact import CHUNK, DENSE_BELOW, dense, key, raise_nan, top_mask
 from gradsift._topk_sampled import BLOCK, block_key_dtype, block_keys, sampled
+from gradsift._triton_runtime import use_triton
 from gradsift.checks import check_int, has_nan
 
 __all__ = [
@@ -50,13 +57,17 @@ __all__ = [
 ]
 
 
-def topk_indices(x: torch.Tensor, k: int, *, absolute: bool = True) -> torch.Tensor:
+def topk_indices(
+    x: torch.Tensor, k: int, *, absolute: bool = True, backend: str = "torch"
+) -> torch.Tensor:
     """Indices of the ``k`` largest ``|x|`` (``absolute=True``) or ``x``, exactly.
 
     Args:
         x: a 1-D floating tensor (float16, bfloat16, float32 or float64), CPU or CUDA.
         k: how many to select, ``1 <= k <= x.numel()`` (any integer type).
         absolute: rank by ``|x|`` (default) or by ``x``.
+        backend: ``"torch"`` (default) or ``"triton"`` (GPU kernels, opt-in; float64
+            stays on the torch path). Both give the same indices.
 
     Returns:
         An int64 tensor of ``k`` indices, sorted ascending. Among keys tied with the
@@ -66,23 +77,35 @@ def topk_indices(x: torch.Tensor, k: int, *, absolute: bool = True) -> torch.Ten
         TypeError: ``x`` is not a floating tensor, or ``k`` is not an integer.
         ValueError: ``x`` is not 1-D or is empty, ``k`` is out of range, or ``x``
             contains NaN.
+        ImportError: ``backend="triton"`` without triton installed.
     """
     k = check_topk_args(x, k)
     x = x.contiguous()
+    if use_triton(x, backend):
+        from gradsift import _topk_triton
+
+        return _topk_triton.topk_indices(x, k, absolute)
     if x.device.type != "cpu" or x.numel() < DENSE_BELOW or k * 8 > x.numel():
         return dense(x, k, absolute)
     return sampled(x, k, absolute)
 
 
-def topk_mask(x: torch.Tensor, k: int, *, absolute: bool = True) -> torch.Tensor:
+def topk_mask(
+    x: torch.Tensor, k: int, *, absolute: bool = True, backend: str = "torch"
+) -> torch.Tensor:
     """Boolean mask of the same ``k`` entries that ``topk_indices`` selects.
 
     For any ``k`` (pruning keeps most weights at low sparsity, where an index list
     is as large as the tensor): the k-th largest key ``v`` is found exactly by
     bracketing it between two sample quantiles and selecting within the bracket;
-    then ``key > v`` plus the lowest-index ties at ``v``.
+    then ``key > v`` plus the lowest-index ties at ``v``. ``backend`` as in
+    ``topk_indices``.
     """
     k = check_topk_args(x, k)
+    if use_triton(x, backend):
+        from gradsift import _topk_triton
+
+        return _topk_triton.topk_mask(x.contiguous(), k, absolute)
     keys = key(x.contiguous(), absolute)
     if has_nan(keys):
         raise_nan(x)

@@ -220,6 +220,11 @@ def _study_parsers(sub) -> None:
     )
     b.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
     b.add_argument(
+        "--device",
+        default="cpu",
+        help="select, step: 'cuda' times the Triton kernels on a GPU (CUDA events)",
+    )
+    b.add_argument(
         "--bandwidth",
         type=_list_of(_checked(check_rate)),
         help="ddp: comma-separated emulated loopback rates (100mbit,1gbit,10gbit; needs root)",

@@ -208,10 +208,21 @@ def experiment(args: argparse.Namespace) -> int:
     return 0
 
 
+def _gpu_bench(args: argparse.Namespace):
+    from gradsift.lab.bench.gpu import GPU_BENCHES, require_cuda
+
+    if args.what not in GPU_BENCHES:
+        raise ValueError(f"--device {args.device} is for bench {' or '.join(GPU_BENCHES)}")
+    require_cuda(args.device)
+    return GPU_BENCHES[args.what]
+
+
 def bench(args: argparse.Namespace) -> int:
     from gradsift.lab.bench import BENCHES
 
     run, columns = BENCHES[args.what]
+    if args.device != "cpu":
+        run, columns = _gpu_bench(args)
     if args.what == "ddp":
         ddp = {"model": args.model, "steps": args.steps, "batch": args.batch}
         rows = [r for rate in args.bandwidth or [None] for r in run(bandwidth=rate, **ddp)]
@@ -220,6 +231,8 @@ def bench(args: argparse.Namespace) -> int:
         options = {"repeats": args.repeats}
         if args.what == "select" and args.sizes:
             options["sizes"] = args.sizes
+        if args.device != "cpu":
+            options["device"] = args.device
         rows = run(**options)
     print(render(rows, columns))
     if args.json:

@@ -1,0 +1,35 @@
+"""``gradsift bench select|step --device cuda``: refused clearly without CUDA, and the
+rows it would print, run here on CPU tensors through the Triton interpreter."""
+
+import pytest
+import torch
+
+from gradsift.lab import cli
+from gradsift.lab.bench.gpu import bench_select_gpu, bench_step_gpu
+from triton_support import DEVICE
+
+
+@pytest.mark.parametrize("what", ["select", "step"])
+def test_device_cuda_without_cuda_exits_2(what, monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cli.main(["bench", what, "--device", "cuda"]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["score", "--device", "cuda"], ["select", "--device", "tpu"]])
+def test_device_only_for_select_and_step(argv, capsys):
+    assert cli.main(["bench", *argv]) == 2
+    assert "--device" in capsys.readouterr().err
+
+
+def test_select_rows():
+    rows = bench_select_gpu(sizes=(6000,), repeats=1, device=str(DEVICE))
+    assert [(r["n"], r["k"]) for r in rows] == [(6000, 6), (6000, 60)]
+    for r in rows:
+        assert r["topk_over_triton"] == pytest.approx(r["torch_topk_ms"] / r["triton_ms"])
+
+
+def test_step_rows():
+    rows = bench_step_gpu(sizes=(4000,), repeats=1, device=str(DEVICE))
+    assert [(r["n"], r["density"], r["k"]) for r in rows] == [(4000, 0.001, 4), (4000, 0.01, 40)]
+    assert all(r["fused_sgd_ms"] > 0 and r["triton_ms"] > 0 for r in rows)

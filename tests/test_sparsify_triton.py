@@ -1,0 +1,107 @@
+"""The fused ``TopK`` + error-feedback step (``backend="triton"``) against the torch
+path, bit for bit: parameters, residuals and velocities after several steps, on CPU
+through the interpreter (a small model) or on the GPU where there is one."""
+
+import pytest
+import torch
+
+from gradsift import TopK
+from triton_support import DEVICE, DTYPES
+
+SHAPES = [(40, 30), (40,), (9, 40), (9,)]  # 1609 coordinates in one bucket
+
+
+def params(dtype=torch.float32):
+    gen = torch.Generator().manual_seed(0)
+    return [torch.nn.Parameter(torch.randn(s, generator=gen).to(dtype).to(DEVICE)) for s in SHAPES]
+
+
+def gradient(ps, step):
+    gen = torch.Generator().manual_seed(100 + step)
+    return [torch.randn(p.shape, generator=gen).to(p.dtype).to(DEVICE) for p in ps]
+
+
+def train(backend, *, steps=range(4), dtype=torch.float32, inner=None, bad_step=None, **topk):
+    """``TopK`` steps with the gradients numbered ``steps``; ``bad_step``'s holds inf."""
+    ps = params(dtype)
+    inner = inner or (lambda q: torch.optim.SGD(q, lr=0.1))
+    opt = TopK(inner(ps), backend=backend, **topk)
+    flags = []
+    for step in steps:
+        for p, g in zip(ps, gradient(ps, step)):
+            p.grad = g
+        if step == bad_step:
+            ps[2].grad[1, 3] = float("inf")
+        opt.step()
+        flags.append(None if opt.found_nonfinite is None else bool(opt.found_nonfinite))
+        opt.zero_grad()
+    return ps, opt, flags
+
+
+def assert_same(a, b):
+    (pa, oa, _), (pb, ob, _) = a, b
+    for p, q in zip(pa, pb):
+        torch.testing.assert_close(p.detach().cpu(), q.detach().cpu(), rtol=0, atol=0)
+        for name in ("residual", "momentum"):
+            if name in ob.state[q]:
+                ra, rb = oa.state[p][name].cpu(), ob.state[q][name].cpu()
+                torch.testing.assert_close(ra, rb, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("density", [0.002, 0.01, 0.3])  # staged and dense selection
+def test_fused_step_equals_torch_path(dtype, density):
+    got = train("triton", dtype=dtype, density=density)
+    assert got[2] == [False] * 4, "the fused path ran and flagged nothing"
+    assert_same(got, train("torch", dtype=dtype, density=density))
+
+
+@pytest.mark.parametrize("topk", [{"error_feedback": False}, {"momentum_correction": 0.9}])
+def test_fused_step_without_feedback_and_with_dgc_momentum(topk):
+    got = train("triton", density=0.01, **topk)
+    assert got[2] == [False] * 4
+    assert_same(got, train("torch", density=0.01, **topk))
+
+
+def test_other_inner_optimizers_step_on_the_fused_selection():
+    def adam(q):
+        return torch.optim.Adam(q, lr=0.01)
+
+    got = train("triton", density=0.01, inner=adam)
+    assert got[2] == [False] * 4
+    assert_same(got, train("torch", density=0.01, inner=adam))
+
+
+def test_nonfinite_gradient_skips_the_step_on_the_device():
+    # plain SGD: no host sync; the bad step changes nothing and raises the flag
+    skipped = train("triton", steps=[0, 1, 2], density=0.01, bad_step=1)
+    assert skipped[2] == [False, True, False]
+    assert_same(skipped, train("torch", steps=[0, 2], density=0.01))
+
+
+def test_nonfinite_gradient_raises_with_another_inner_optimizer():
+    with pytest.raises(ValueError, match="non-finite"):
+        train("triton", steps=[0, 1], density=0.01, bad_step=1, inner=lambda q: torch.optim.Adam(q))
+
+
+@pytest.mark.parametrize(
+    "case",
+    [{"scope": "layer"}, {"density": 1.0}, {"missing": True}, {"dtype": torch.float64}],
+)
+def test_torch_path_where_the_fused_step_does_not_apply(case):
+    missing = case.pop("missing", False)
+    dtype = case.pop("dtype", torch.float32)
+    topk = {"density": 0.01, **case}
+
+    def run(backend):
+        ps = params(dtype)
+        opt = TopK(torch.optim.SGD(ps, lr=0.1), backend=backend, **topk)
+        for step in range(3):
+            for i, (p, g) in enumerate(zip(ps, gradient(ps, step))):
+                p.grad = None if missing and i == 1 else g
+            opt.step()
+            assert opt.found_nonfinite is None, "the torch path ran"
+            opt.zero_grad(set_to_none=missing)
+        return ps, opt, None
+
+    assert_same(run("triton"), run("torch"))

@@ -1,0 +1,134 @@
+"""The Triton selection against torch.topk's multiset and the brute-force reference of
+test_topk (lowest-index ties), on CPU through the interpreter (small sizes: it runs
+each program in numpy) or on the GPU where there is one."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gradsift import _topk_triton, topk_indices
+from gradsift._topk_triton import Selection
+from gradsift._triton_keys import FLAG, NAN_KEY, TOTALS
+from gradsift.topk import topk_mask
+from test_topk import make, reference
+from triton_support import DEVICE, DTYPES
+
+KINDS = ["normal", "equal", "zeros", "huge", "sorted", "heavy", "negative", "ties"]
+
+
+def check(x: torch.Tensor, k: int, absolute: bool = True) -> None:
+    got = topk_indices(x.to(DEVICE), k, absolute=absolute, backend="triton").cpu()
+    assert got.dtype == torch.int64 and got.shape == (k,)
+    key = x.abs() if absolute else x
+    expected = torch.topk(key.float(), k).values.sort().values
+    torch.testing.assert_close(key[got].float().sort().values, expected, rtol=0, atol=0)
+    torch.testing.assert_close(got, reference(x, k, absolute), rtol=0, atol=0)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    n=st.integers(1, 6000),
+    frac=st.one_of(st.floats(0.0, 0.01), st.floats(0.0, 1.0)),  # staged and dense
+    kind=st.sampled_from(KINDS),
+    dtype=st.sampled_from(DTYPES),
+    absolute=st.booleans(),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_matches_reference_property(n, frac, kind, dtype, absolute, seed):
+    x = make(kind, n, torch.Generator().manual_seed(seed)).to(dtype)
+    check(x, max(1, min(n, int(round(frac * n)))), absolute)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_ties_at_the_cut_and_signed_zero(dtype):
+    # the cut falls inside a class of equal keys: the lowest indices win; -0 ties +0
+    x = torch.tensor([0.5, -1.0, 1.0, 0.0, -0.0, 1.0, -1.0, 0.25, 0.0] * 300).to(dtype)
+    for k in (1, 2, 601, 1199, 1200, 1201, 2000):
+        check(x, k)
+        check(x, k, absolute=False)
+
+
+def test_infinities_rank_first():
+    x = torch.randn(5000, generator=torch.Generator().manual_seed(4))
+    x[7], x[4000] = -float("inf"), float("inf")
+    assert topk_indices(x.to(DEVICE), 2, backend="triton").tolist() == [7, 4000]
+    got = topk_indices(x.to(DEVICE), 1, absolute=False, backend="triton")
+    assert got.tolist() == [4000]
+    check(x, 5, absolute=False)  # -inf is the smallest, never selected here
+
+
+@pytest.mark.parametrize("n, k", [(10, 3), (5000, 5), (5000, 4000)])  # dense, staged, dense
+@pytest.mark.parametrize("absolute", [True, False])
+def test_nan_raises_with_count(n, k, absolute):
+    x = torch.randn(n, generator=torch.Generator().manual_seed(3))
+    x[1], x[n // 2] = float("nan"), float("nan")
+    with pytest.raises(ValueError, match="2 NaN"):
+        topk_indices(x.to(DEVICE), k, absolute=absolute, backend="triton")
+    with pytest.raises(ValueError, match="2 NaN"):
+        topk_mask(x.to(DEVICE), k, absolute=absolute, backend="triton")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("k", [1, 40, 4999, 5000])
+def test_topk_mask_matches_reference(dtype, k):
+    x = make("ties", 5000, torch.Generator().manual_seed(k)).to(dtype)
+    for absolute in (True, False):
+        mask = topk_mask(x.to(DEVICE), k, absolute=absolute, backend="triton").cpu()
+        expected = torch.zeros(5000, dtype=torch.bool)
+        expected[reference(x, k, absolute)] = True
+        assert mask.dtype == torch.bool and torch.equal(mask, expected)
+
+
+def _run(x, k):
+    sel = Selection()
+    sel.run(x.to(DEVICE), k)
+    return sel
+
+
+def test_staged_path_filters_candidates(monkeypatch):
+    # at this small N the default slack alone covers every block: shrink it
+    monkeypatch.setattr(_topk_triton, "SLACK", 64)
+    x = torch.randn(20_000, generator=torch.Generator().manual_seed(0))
+    sel = _run(x, 20)
+    assert sel.staged and sel.cap < sel.nblocks
+    candidates = int(sel.state[TOTALS]) + int(sel.state[TOTALS + 1])
+    assert 20 <= candidates <= sel.cap, "stage 1 read the candidate blocks only"
+    torch.testing.assert_close(sel.indices.cpu(), reference(x, 20), rtol=0, atol=0)
+
+
+def test_dense_fallback_when_candidates_overflow(monkeypatch):
+    # every block key ties (all |x| equal): the candidates overflow any buffer below
+    # N / BLOCK blocks, and the device must read every block instead, still exactly
+    monkeypatch.setattr(_topk_triton, "SLACK", 0)
+    x = torch.full((20_000,), -0.5)
+    x[[3, 9_000]] = 2.0
+    sel = _run(x, 10)
+    assert sel.staged and sel.cap == 20
+    assert int(sel.state[TOTALS]) + int(sel.state[TOTALS + 1]) == sel.nblocks > sel.cap
+    torch.testing.assert_close(sel.indices.cpu(), reference(x, 10), rtol=0, atol=0)
+
+
+def test_selection_reuses_buffers_and_flags_nan():
+    sel = Selection()
+    x = torch.randn(3000, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    sel.run(x, 7)
+    buffers = (sel.indices, sel.small, sel.keys, sel.cand)
+    x[5] = float("nan")
+    sel.run(x, 7)
+    assert int(sel.state[FLAG]) == NAN_KEY and sel.found_nan()
+    x[5] = 0.0
+    sel.run(x, 7)
+    assert all(a is b for a, b in zip(buffers, (sel.indices, sel.small, sel.keys, sel.cand)))
+    assert not sel.found_nan(), "the flag is cleared on every run"
+    torch.testing.assert_close(sel.indices.cpu(), reference(x.cpu(), 7), rtol=0, atol=0)
+
+
+def test_float64_and_bad_backend():
+    x = torch.randn(100, dtype=torch.float64)
+    got = topk_indices(x, 5, backend="triton")  # float64 stays on the torch path
+    torch.testing.assert_close(got, reference(x, 5), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="backend must be one of"):
+        topk_indices(x, 5, backend="cuda")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        topk_mask(x, 5, backend=None)
