@@ -39,7 +39,9 @@ def test_library_names():
         "error_feedback",
         "scope",
         "momentum_correction",
+        "backend",
     ]
+    assert inspect.signature(gradsift.topk_indices).parameters["backend"].default == "torch"
 
 
 def test_distributed_names():
