@@ -166,18 +166,16 @@ class _BasicBlock(nn.Module):
         return torch.relu(self.bn2(self.conv2(out)) + self.shortcut(x))
 
 
-class CifarResNet(nn.Module):
-    """ResNet-(6n+2) for CIFAR: three stages of n basic blocks, 16/32/64 channels."""
+class _StagedResNet(nn.Module):
+    """A 3x3 stem, then stages of ``n`` basic blocks with ``widths`` channels (each
+    stage after the first halves the resolution), global pooling and a linear head."""
 
-    def __init__(self, depth=20, input_shape=(3, 32, 32), num_classes=10, width=16):
+    def __init__(self, widths, n, input_shape, num_classes):
         super().__init__()
-        if (depth - 2) % 6:
-            raise ValueError(f"depth must be 6n+2 (20, 32, 44, 56, ...), got {depth}")
-        n = (depth - 2) // 6
-        self.conv = nn.Conv2d(input_shape[0], width, 3, 1, 1, bias=False)
-        self.bn = nn.BatchNorm2d(width)
-        blocks, cin = [], width
-        for stage, cout in enumerate((width, 2 * width, 4 * width)):
+        self.conv = nn.Conv2d(input_shape[0], widths[0], 3, 1, 1, bias=False)
+        self.bn = nn.BatchNorm2d(widths[0])
+        blocks, cin = [], widths[0]
+        for stage, cout in enumerate(widths):
             for i in range(n):
                 blocks.append(_BasicBlock(cin, cout, 2 if stage and i == 0 else 1))
                 cin = cout
@@ -189,25 +187,21 @@ class CifarResNet(nn.Module):
         return self.fc(self.pool(self.layers(torch.relu(self.bn(self.conv(x))))))
 
 
-class CifarResNet18(nn.Module):
+class CifarResNet(_StagedResNet):
+    """ResNet-(6n+2) for CIFAR: three stages of n basic blocks, 16/32/64 channels."""
+
+    def __init__(self, depth=20, input_shape=(3, 32, 32), num_classes=10, width=16):
+        if (depth - 2) % 6:
+            raise ValueError(f"depth must be 6n+2 (20, 32, 44, 56, ...), got {depth}")
+        super().__init__((width, 2 * width, 4 * width), (depth - 2) // 6, input_shape, num_classes)
+
+
+class CifarResNet18(_StagedResNet):
     """ResNet-18 for 32x32 inputs (3x3 stem, no max-pool; four stages of two basic
     blocks, 64-512 channels): 11.2M parameters, the usual CIFAR variant of He et al."""
 
     def __init__(self, input_shape=(3, 32, 32), num_classes=10):
-        super().__init__()
-        self.conv = nn.Conv2d(input_shape[0], 64, 3, 1, 1, bias=False)
-        self.bn = nn.BatchNorm2d(64)
-        blocks, cin = [], 64
-        for stage, cout in enumerate((64, 128, 256, 512)):
-            for i in range(2):
-                blocks.append(_BasicBlock(cin, cout, 2 if stage and i == 0 else 1))
-                cin = cout
-        self.layers = nn.Sequential(*blocks)
-        self.pool = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten())
-        self.fc = nn.Linear(cin, num_classes)
-
-    def forward(self, x):
-        return self.fc(self.pool(self.layers(torch.relu(self.bn(self.conv(x))))))
+        super().__init__((64, 128, 256, 512), 2, input_shape, num_classes)
 
 
 _MODELS: dict[str, Callable[..., nn.Module]] = {
