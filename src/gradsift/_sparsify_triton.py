@@ -41,7 +41,6 @@ from gradsift._topk_triton import Selection
 from gradsift._triton_keys import _FLAG, _TILE, FLAG, TILE, load_source, rounded
 from gradsift._triton_runtime import DTYPES
 from gradsift.checks import check_finite_grads
-from gradsift.sparse_sgd import plain_sgd
 
 __all__ = ["TritonStep", "triton_step_"]
 
@@ -149,9 +148,9 @@ class TritonStep:
 
 
 def _fused_bucket(opt):
-    """The one bucket the fused step runs on, or None where it does not apply:
-    several buckets, ``scope="layer"``, a gradient missing or outside the buckets,
-    float64, or every coordinate kept (the inner optimizer's dense step then runs)."""
+    """``(bucket, k)`` for the fused step, or None where it does not apply: several
+    buckets, ``scope="layer"``, a gradient missing or outside the buckets, float64,
+    or every coordinate kept (the inner optimizer's dense step then runs)."""
     grads = opt._grads
     if grads.stale() or len(grads.buckets) != 1 or opt.scope != "global":
         return None
@@ -159,31 +158,32 @@ def _fused_bucket(opt):
     outside = any(p.grad is not None and id(p) not in grads.ids for p in opt._params())
     if outside or b.grad.dtype not in DTYPES or not all(b.present(grads.tracker.touched)):
         return None
-    if opt.budget.resolve(b.grad.numel()) >= b.grad.numel():
+    k = opt.budget.resolve(b.grad.numel())
+    if k >= b.grad.numel() or not b.attach_grads_():
         return None
-    return b if b.attach_grads_() else None
+    return b, k
 
 
 def triton_step_(opt) -> bool:
     """``TopK.step`` for ``backend="triton"``: False (nothing done) where the fused
     path does not apply (``_fused_bucket``), and the caller runs the torch path."""
     opt.found_nonfinite = None
-    b = _fused_bucket(opt)
-    if b is None:
+    fused = _fused_bucket(opt)
+    if fused is None:
         return False
+    b, k = fused
     if getattr(opt, "_triton_step", None) is None or opt._triton_step.bucket is not b:
         opt._triton_step = TritonStep(b)
-    plain = opt._contiguous and plain_sgd(opt.optimizer)
-    lr_of = {id(q): g["lr"] for g in opt.param_groups for q in g["params"]}
+    lrs = opt._sparse_sgd_lrs()
     opt._triton_step.step_(
-        opt.budget.resolve(b.grad.numel()),
+        k,
         residual=b.state.get("residual"),
         velocity=b.state.get("momentum"),
         momentum=opt.momentum_correction or 0.0,
-        lrs=[lr_of[id(p)] for p in b.params] if plain else None,
+        lrs=lrs,
     )
     opt.found_nonfinite = opt._triton_step.found_nonfinite
-    if not plain:
+    if lrs is None:
         if bool(opt.found_nonfinite):  # the one host sync of this case
             check_finite_grads(b.params, [b.grad], opt._name)
             raise ValueError("the error-feedback sum holds NaN; nothing was modified")

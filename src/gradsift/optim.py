@@ -234,15 +234,10 @@ class TopK(HasBudget, Optimizer):
         if self.backend == "triton" and fused_step_(self):
             return None
         selected = self._sparsify()
-        if (
-            selected is not None
-            and selected[2] < selected[3]
-            and self._contiguous
-            and plain_sgd(self.optimizer)
-        ):
-            lr_of = {id(q): g["lr"] for g in self.param_groups for q in g["params"]}
-            b = self._grads.buckets[0]
-            apply_sparse_sgd_(b, [lr_of[id(p)] for p in b.params], *selected[:2])
+        full = selected is None or selected[2] >= selected[3]
+        lrs = None if full else self._sparse_sgd_lrs()
+        if lrs is not None:
+            apply_sparse_sgd_(self._grads.buckets[0], lrs, *selected[:2])
         else:
             with self._grads.absent_as_none():
                 self.optimizer.step()
@@ -250,6 +245,15 @@ class TopK(HasBudget, Optimizer):
             # until the buffer changes again, only these coordinates are non-zero
             self._grads.sparse = (self._grads.buckets[0].grad._version, selected[0])
         return None
+
+    def _sparse_sgd_lrs(self) -> list[float] | None:
+        """The learning rate of each parameter of the first bucket, in bucket order,
+        where the update may be applied to the selected coordinates only (contiguous
+        parameters, plain SGD inside); None where the inner optimizer must step."""
+        if not (self._contiguous and plain_sgd(self.optimizer)):
+            return None
+        lr_of = {id(q): g["lr"] for g in self.param_groups for q in g["params"]}
+        return [lr_of[id(p)] for p in self._grads.buckets[0].params]
 
     def _step_with_closure(self, closure):
         def sparse_closure():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import io
 import os
+from functools import partial
 from pathlib import Path
 
 from gradsift.lab.atomic import atomic_write_bytes, atomic_write_json
@@ -209,12 +210,13 @@ def experiment(args: argparse.Namespace) -> int:
 
 
 def _gpu_bench(args: argparse.Namespace):
-    from gradsift.lab.bench.gpu import GPU_BENCHES, require_cuda
+    """The GPU form of ``bench select|step`` with its device bound (it checks it)."""
+    from gradsift.lab.bench.gpu import GPU_BENCHES
 
     if args.what not in GPU_BENCHES:
         raise ValueError(f"--device {args.device} is for bench {' or '.join(GPU_BENCHES)}")
-    require_cuda(args.device)
-    return GPU_BENCHES[args.what]
+    run, columns = GPU_BENCHES[args.what]
+    return partial(run, device=args.device), columns
 
 
 def bench(args: argparse.Namespace) -> int:
@@ -231,8 +233,6 @@ def bench(args: argparse.Namespace) -> int:
         options = {"repeats": args.repeats}
         if args.what == "select" and args.sizes:
             options["sizes"] = args.sizes
-        if args.device != "cpu":
-            options["device"] = args.device
         rows = run(**options)
     print(render(rows, columns))
     if args.json:

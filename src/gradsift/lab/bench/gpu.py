@@ -14,13 +14,13 @@ tiny sizes, to check the rows); such times mean nothing.
 from __future__ import annotations
 
 import statistics
-import time
 
 import torch
 
 from gradsift import TopK, topk_indices
 from gradsift.budget import resolve_k
 from gradsift.lab.bench.step import resnet18_shapes
+from gradsift.lab.bench.timing import interleaved_ms
 from gradsift.lab.tables import columns
 
 __all__ = ["GPU_BENCHES", "bench_select_gpu", "bench_step_gpu", "require_cuda"]
@@ -67,26 +67,23 @@ def require_cuda(device: str) -> torch.device:
 
 
 def _median_ms(fn, repeats: int, device: torch.device, setup=None) -> float:
-    """Median of ``repeats`` timed calls after a warm-up; CUDA events on a GPU (the
-    queue is drained before each, so each call is timed alone)."""
+    """Median of ``repeats`` timed calls after a warm-up (the first compiles the
+    kernels): CUDA events on a GPU, the queue drained before each so that each call
+    is timed alone; ``interleaved_ms``'s wall clock on CPU (the interpreter)."""
+    setup = setup or (lambda: None)
+    if device.type != "cuda":
+        return statistics.median(interleaved_ms({"fn": (setup, fn)}, repeats)["fn"])
     times = []
     for i in range(repeats + 1):
-        if setup is not None:
-            setup()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            ms = start.elapsed_time(end)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            ms = 1e3 * (time.perf_counter() - t0)
-        if i:  # the first call compiles the kernels
-            times.append(ms)
+        setup()
+        torch.cuda.synchronize(device)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        if i:
+            times.append(start.elapsed_time(end))
     return statistics.median(times)
 
 
@@ -108,11 +105,12 @@ def bench_select_gpu(sizes=SIZES, repeats: int = 7, device: str = "cuda", seed: 
     return rows
 
 
-def _step_shapes(n: int) -> list[tuple[int, ...]]:
-    shapes = resnet18_shapes()
-    if n == sum(torch.Size(s).numel() for s in shapes):
-        return shapes
-    return [(n // 8,)] * 8
+def _step_models(sizes) -> list[list[tuple[int, ...]]]:
+    """Parameter shapes to step: by default ResNet-18's, then 8 equal tensors at each
+    larger N of ``SIZES``; for given ``sizes``, 8 equal tensors each."""
+    if sizes is None:
+        return [resnet18_shapes(), *([(n // 8,)] * 8 for n in SIZES[1:])]
+    return [[(n // 8,)] * 8 for n in sizes]
 
 
 def _steppers(shapes, density, dev, gen):
@@ -139,10 +137,8 @@ def bench_step_gpu(sizes=None, repeats: int = 15, device: str = "cuda", seed: in
     """One row per (N, density); the gradient is refilled (untimed) before each step."""
     dev = require_cuda(device)
     gen = torch.Generator().manual_seed(seed)
-    full = sum(torch.Size(s).numel() for s in resnet18_shapes())
     rows = []
-    for n in sizes or (full, *SIZES[1:]):
-        shapes = _step_shapes(n)
+    for shapes in _step_models(sizes):
         grads = [torch.randn(s, generator=gen).to(dev) for s in shapes]
         for density in DENSITIES:
             row = {"n": sum(g.numel() for g in grads), "density": density}
