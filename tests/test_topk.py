@@ -123,6 +123,50 @@ def test_topk_from_block_keys_chunked(k):
     torch.testing.assert_close(got, reference(x, k), rtol=0, atol=0)
 
 
+def _chunked_keys(x: torch.Tensor, absolute: bool = True) -> torch.Tensor:
+    out = torch.empty(x.numel() // sel.BLOCK, dtype=sel.block_key_dtype(x.dtype, absolute))
+    step = 4096 * sel.BLOCK
+    for s in range(0, x.numel() // sel.BLOCK * sel.BLOCK, step):
+        part = x[s : s + step]
+        sel.block_keys(part, absolute=absolute, out=out[s // sel.BLOCK : (s + step) // sel.BLOCK])
+    return out
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    n=st.integers(65_536, 250_000),
+    kfrac=st.floats(0.0, 0.125),
+    kind=st.sampled_from(KINDS),
+    dtype=st.sampled_from(FLOATS),
+    absolute=st.booleans(),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_topk_from_block_keys_property(n, kfrac, kind, dtype, absolute, seed):
+    # every k up to N/8, so both thresholds (from the block keys, from x) are taken
+    x = make(kind, n, torch.Generator().manual_seed(seed)).to(dtype)
+    k = max(1, int(kfrac * n))
+    got = sel.topk_from_block_keys(x, k, _chunked_keys(x, absolute), absolute=absolute)
+    torch.testing.assert_close(got, reference(x, k, absolute), rtol=0, atol=0)
+
+
+def test_given_block_keys_large_k_reads_blocks_not_everything(monkeypatch):
+    # 4k > N / BLOCK: the threshold comes from x, but with the keys at hand only the
+    # blocks above it are read; without them x is filtered directly
+    calls = []
+    for name in ("_from_blocks", "_direct"):
+        real = getattr(_topk_sampled, name)
+        monkeypatch.setattr(
+            _topk_sampled, name, lambda *a, _r=real, _n=name: calls.append(_n) or _r(*a)
+        )
+    x = torch.randn(300_000, generator=torch.Generator().manual_seed(3))
+    k = 30_000
+    got = sel.topk_from_block_keys(x, k, _chunked_keys(x))
+    torch.testing.assert_close(got, reference(x, k), rtol=0, atol=0)
+    assert calls == ["_from_blocks"]
+    check(x, k)
+    assert calls == ["_from_blocks", "_direct"]
+
+
 def _too_high(values):
     return math.inf if values.is_floating_point() else torch.iinfo(values.dtype).max
 
