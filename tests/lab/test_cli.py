@@ -145,6 +145,8 @@ def test_bench_select_json(tmp_path, capsys):
         (["train", "--sanity", "shuffle"], "sanity must be one of ['reinit', 'invert'"),
         (["train", "--dataset", "cifar10"], "needs --data-root"),
         (["train", "--dataset", "cifar10", "--data-root", "/nonexistent"], "never downloads"),
+        (["experiment", "collapse", "--jobs", "2"], "--jobs is for the studies"),
+        (["sweep", "--jobs", "0"], "jobs"),
     ],
 )
 def test_bad_arguments_exit_2_with_one_line(argv, message):

@@ -67,3 +67,29 @@ def test_keys_of_older_results_still_match():
     assert RunSpec(method="snip", sparsity=0.9).key().endswith("|0.05|64")
     erk = RunSpec(method="snip", sparsity=0.9, budget="erk", sanity="reinit").key()
     assert erk.endswith("|0.05|64|budget=erk|sanity=reinit")
+
+
+def test_sweep_in_worker_processes_matches_one_process(tmp_path):
+    def spec(method, seed):
+        return RunSpec(
+            model="mlp", method=method, sparsity=0.5, seed=seed, train=TrainConfig(epochs=1)
+        )
+
+    specs = [spec("magnitude", 0), spec("random", 0), spec("magnitude", 1), spec("random", 0)]
+    serial = runs.run_sweep(specs, tmp_path / "serial.json")
+    parallel = runs.run_sweep(specs, tmp_path / "parallel.json", jobs=2)
+    assert len(parallel) == 3, "a repeated spec runs once"
+
+    def by_key(records):
+        return {r["key"]: r for r in records}
+
+    serial, parallel = by_key(serial), by_key(parallel)
+    assert set(parallel) == set(serial)
+    for key, r in parallel.items():
+        assert (r["kept"], r["seed"], r["method"]) == (
+            serial[key]["kept"],
+            serial[key]["seed"],
+            serial[key]["method"],
+        )
+        assert abs(r["history"][-1]["train_loss"] - serial[key]["history"][-1]["train_loss"]) < 1e-4
+    assert len(runs.run_sweep(specs, tmp_path / "parallel.json", jobs=2)) == 3  # resumed

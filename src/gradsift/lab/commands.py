@@ -187,7 +187,7 @@ def sweep(args: argparse.Namespace) -> int:
             f"{budget}{sanity}: acc {r['test_accuracy']:.4f}"
         )
 
-    runs = run_sweep(specs, path, on_result=report)
+    runs = run_sweep(specs, path, on_result=report, jobs=args.jobs)
     print(f"{len(runs)} runs in {path}")
     if have_matplotlib():
         plot_accuracy_vs_sparsity(
@@ -203,7 +203,9 @@ def experiment(args: argparse.Namespace) -> int:
     command = f"gradsift experiment {args.study}" + (" --quick" if args.quick else "")
     if args.out != "docs/results":
         command += f" --out {args.out}"
-    run_study(args.study, args.out, quick=args.quick, command=command)
+    if args.jobs != 1:
+        command += f" --jobs {args.jobs}"
+    run_study(args.study, args.out, quick=args.quick, command=command, jobs=args.jobs)
     print((Path(args.out) / f"{args.study}.md").read_text())
     print(f"wrote {args.out}/{args.study}.json, .md and .png")
     return 0

@@ -5,7 +5,9 @@ skipped and each result is saved atomically."""
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -201,22 +203,39 @@ def load_results(path) -> list[dict]:
     return data.get("runs", [])
 
 
-def run_sweep(specs: list[RunSpec], path, *, progress: bool = False, on_result=None):
+def run_sweep(specs: list[RunSpec], path, *, progress: bool = False, on_result=None, jobs: int = 1):
     """Run every spec not already in ``path``; rewrite ``path`` atomically after each.
 
     Returns all results (old and new). Interrupting leaves ``path`` valid JSON holding
-    every finished run, so the same call resumes where it stopped.
+    every finished run, so the same call resumes where it stopped. ``jobs > 1`` runs
+    that many single-threaded worker processes (the small models of the studies use
+    cores better one run per core than one run on all of them); results are then
+    saved in the order they finish.
     """
     results = load_results(path)
     done = {r["key"] for r in results}
-    for spec in specs:
-        if spec.key() in done:
-            log.info("skip finished run %s", spec.key())
-            continue
-        record = run_one(spec, progress=progress)
+    todo = list({s.key(): s for s in specs if s.key() not in done}.values())
+    log.info("%d of %d runs already in %s", len(specs) - len(todo), len(specs), path)
+    for record in _records(todo, jobs, progress):
         results.append(record)
-        done.add(record["key"])
         atomic_write_json(path, {"runs": results})
         if on_result is not None:
             on_result(record)
     return results
+
+
+def _records(specs: list[RunSpec], jobs: int, progress: bool):
+    """Each spec's record, in this process or in ``jobs`` workers."""
+    if jobs == 1 or len(specs) <= 1:
+        yield from (run_one(spec, progress=progress) for spec in specs)
+        return
+    context = multiprocessing.get_context("spawn")  # fork would copy torch's thread pools
+    with ProcessPoolExecutor(
+        jobs, mp_context=context, initializer=torch.set_num_threads, initargs=(1,)
+    ) as pool:
+        futures = [pool.submit(run_one, spec) for spec in specs]
+        try:
+            yield from (f.result() for f in as_completed(futures))
+        finally:
+            for f in futures:
+                f.cancel()

@@ -14,7 +14,7 @@ from gradsift.lab.training import TrainConfig
 METHODS = ["random", "magnitude", "snip", "grasp", "synflow"]
 
 
-def accuracy(out: Path, *, quick: bool = False):
+def accuracy(out: Path, *, quick: bool = False, jobs: int = 1):
     from gradsift.lab.plots import plot_accuracy_vs_sparsity
 
     sparsities = [0.5, 0.9] if quick else [0.5, 0.8, 0.9, 0.95, 0.98, 0.99]
@@ -34,7 +34,7 @@ def accuracy(out: Path, *, quick: bool = False):
         for seed in seeds
         for shuffle in (False, True)
     ]
-    runs = run_sweep(specs, out / "accuracy_runs.json")
+    runs = run_sweep(specs, out / "accuracy_runs.json", jobs=jobs)
     plot_accuracy_vs_sparsity(
         runs, out / "accuracy.png", title="LeNet-5 on digits (dashed: layer-wise shuffled masks)"
     )

@@ -175,13 +175,13 @@ def _error(values) -> str:
     return _fmt([100 - v for v in values])
 
 
-def mnist(out: Path, *, quick: bool = False):
+def mnist(out: Path, *, quick: bool = False, jobs: int = 1):
     from gradsift.lab.plots import plot_accuracy_vs_sparsity
 
     plans = tuple(_quick(p) for p in PLAN) if quick else PLAN
     methods = [m for m in list_methods() if m in QUICK_METHODS] if quick else list_methods()
     seeds = SEEDS[:1] if quick else SEEDS
-    runs = run_sweep(specs(plans, methods, seeds, quick), out / "mnist_runs.json")
+    runs = run_sweep(specs(plans, methods, seeds, quick), out / "mnist_runs.json", jobs=jobs)
     titles = {p.model: p.title for p in plans}
     plot_accuracy_vs_sparsity(
         [r for r in runs if r["method"] != "unpruned"],

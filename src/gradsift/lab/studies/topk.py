@@ -12,7 +12,7 @@ from gradsift.lab.tables import Column, render
 from gradsift.lab.training import TrainConfig
 
 
-def topk(out: Path, *, quick: bool = False):
+def topk(out: Path, *, quick: bool = False, jobs: int = 1):
     from gradsift.lab.plots import plot_bars
 
     seeds = [0] if quick else [0, 1, 2]
@@ -25,7 +25,7 @@ def topk(out: Path, *, quick: bool = False):
         for d, ef in configs
         for seed in seeds
     ]
-    runs = run_sweep(specs, out / "topk_runs.json")
+    runs = run_sweep(specs, out / "topk_runs.json", jobs=jobs)
     cells = defaultdict(list)
     for r in runs:
         cells[(r["grad_density"], r["error_feedback"])].append(100 * r["test_accuracy"])
