@@ -199,13 +199,12 @@ def _train_parsers(sub) -> None:
         help="also run each with these comma-separated sanity variants "
         "(reinit, invert, shuffle-layer, shuffle-global)",
     )
-    w.add_argument(
-        "--jobs",
-        type=_positive_int,
-        default=1,
-        help="runs at a time, each in its own single-threaded process",
-    )
+    _add_jobs(w, "runs at a time, each in its own single-threaded process")
     w.set_defaults(func=commands.sweep, out="gradsift-sweep")
+
+
+def _add_jobs(p: argparse.ArgumentParser, help: str) -> None:
+    p.add_argument("--jobs", type=_positive_int, default=1, help=help)
 
 
 def _study_parsers(sub) -> None:
@@ -216,12 +215,9 @@ def _study_parsers(sub) -> None:
     e.add_argument("study", choices=list(STUDIES))
     e.add_argument("--quick", action="store_true", help="a reduced form (for tests)")
     e.add_argument("--out", default="docs/results", help="output folder")
-    e.add_argument(
-        "--jobs",
-        type=_positive_int,
-        default=1,
-        help="training runs at a time, each in its own single-threaded process "
-        "(accuracy, topk, mnist)",
+    _add_jobs(
+        e,
+        "training runs at a time, each in its own single-threaded process (accuracy, topk, mnist)",
     )
     e.set_defaults(func=commands.experiment)
 
