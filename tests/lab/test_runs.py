@@ -93,3 +93,14 @@ def test_sweep_in_worker_processes_matches_one_process(tmp_path):
         )
         assert abs(r["history"][-1]["train_loss"] - serial[key]["history"][-1]["train_loss"]) < 1e-4
     assert len(runs.run_sweep(specs, tmp_path / "parallel.json", jobs=2)) == 3  # resumed
+
+
+def test_diverged_is_read_from_older_records_too():
+    """Records written before the field existed: a non-finite loss anywhere marks them."""
+    from gradsift.lab.runs import diverged
+
+    ok = {"test_loss": 0.3, "history": [{"train_loss": 1.0}, {"train_loss": 0.5}]}
+    assert not diverged(ok)
+    assert diverged({**ok, "test_loss": float("nan")})
+    assert diverged({**ok, "history": [{"train_loss": float("inf")}, {"train_loss": 0.5}]})
+    assert diverged({**ok, "diverged": True})

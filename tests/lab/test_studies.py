@@ -99,3 +99,13 @@ def test_quick_study(study, tmp_path, capsys):
             r["world_size"] == (1 if r["comm"] == "one process" else 2) for r in data["runs"]
         )
         assert all(s["step_ms"] > 0 for s in data["summary"])
+
+
+def test_a_cell_with_diverged_runs_says_how_many():
+    from gradsift.lab.studies.common import accuracy_cell
+
+    ok = {"test_accuracy": 0.9, "test_loss": 0.3, "history": [{"train_loss": 0.4}]}
+    bad = {"test_accuracy": 0.078, "test_loss": float("nan"), "history": [{"train_loss": 0.4}]}
+    assert accuracy_cell([ok, ok]) == "90.0 ± 0.0"
+    assert accuracy_cell([ok, bad, bad]) == "35.2 ± 38.7 (2 of 3 diverged)"
+    assert accuracy_cell([]) == ""

@@ -39,3 +39,15 @@ def test_evaluate_restores_mode_and_bad_schedule():
     assert model.training and 0.0 <= metrics["accuracy"] <= 1.0
     with pytest.raises(ValueError, match="schedule"):
         train(model, ds.train, ds.test, TrainConfig(epochs=1, schedule="step"))
+
+
+def test_a_run_that_diverges_says_so_in_its_record_and_its_log(caplog):
+    """SGD at lr 1e4 sends the loss to inf/NaN; the record must not pass the broken
+    network's accuracy off as a result (its accuracy is that of a constant output)."""
+    spec = RunSpec(model="mlp", seed=0, train=TrainConfig(epochs=2, lr=1e4))
+    with caplog.at_level("WARNING", logger="gradsift"):
+        record = run_one(spec)
+    assert record["diverged"] is True
+    assert any("diverged" in m for m in caplog.messages), caplog.messages
+    healthy = run_one(RunSpec(model="mlp", seed=0, train=TrainConfig(epochs=1)))
+    assert healthy["diverged"] is False

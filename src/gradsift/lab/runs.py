@@ -5,6 +5,7 @@ skipped and each result is saved atomically."""
 from __future__ import annotations
 
 import logging
+import math
 import multiprocessing
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -20,7 +21,15 @@ from gradsift.lab.parallel import ddp_setup
 from gradsift.lab.training import TrainConfig, single_process_setup, train_run
 from gradsift.pruning import supported_options
 
-__all__ = ["RunSpec", "RunRecord", "prune_for_run", "run_one", "run_sweep", "load_results"]
+__all__ = [
+    "RunSpec",
+    "RunRecord",
+    "prune_for_run",
+    "run_one",
+    "run_sweep",
+    "load_results",
+    "diverged",
+]
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +101,7 @@ class RunRecord:
     compression_ratio: float = 1.0
     budget: str = "global"
     sanity: str | None = None
+    diverged: bool = False  # a non-finite loss: test_accuracy is a broken network's
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -190,7 +200,17 @@ def run_one(
         compression_ratio=setup.hook_state.compression_ratio if setup.hook_state else 1.0,
         budget=spec.budget,
         sanity=spec.variant,
+        diverged=diverged(result),
     ).to_dict()
+
+
+def diverged(record: dict) -> bool:
+    """Whether a run's loss went non-finite (SGD diverged): its own flag, or for
+    records older than the flag, a non-finite test loss or epoch training loss."""
+    losses = [record.get("test_loss")] + [h.get("train_loss") for h in record.get("history", [])]
+    return bool(record.get("diverged")) or any(
+        x is not None and not math.isfinite(x) for x in losses
+    )
 
 
 def load_results(path) -> list[dict]:

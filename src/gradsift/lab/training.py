@@ -5,6 +5,7 @@ all run through ``fit``; ``train_run`` adds evaluation and checkpoint/resume."""
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import asdict, dataclass
 
@@ -150,6 +151,20 @@ class Setup:
     hook_state: object = None
 
 
+def _warn_if_diverged(history: list) -> None:
+    """Warn once, at the first epoch whose training loss is not finite: the run goes
+    on (every rank must take the same steps), but nothing it reports from there is
+    the accuracy of a trained network."""
+    losses = [h["train_loss"] for h in history]
+    if not math.isfinite(losses[-1]) and all(math.isfinite(x) for x in losses[:-1]):
+        log.warning(
+            "training diverged at epoch %d (train loss %s): the weights are no longer "
+            "finite; lower the learning rate",
+            len(losses),
+            losses[-1],
+        )
+
+
 def train_run(
     setup: Setup, cfg: TrainConfig, test_set, *, checkpoint_dir=None, progress=False
 ) -> dict:
@@ -178,6 +193,7 @@ def train_run(
             }
         )
         log.info("epoch %d: train loss %.4f, test %s", epoch + 1, train_loss, metrics)
+        _warn_if_diverged(history)
         if checkpoint_dir:
             seconds = previous + time.perf_counter() - start
             ckpt.save(checkpoint_dir, setup, epoch + 1, history, seconds)

@@ -7,7 +7,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from gradsift.lab.runs import RunSpec, run_sweep
-from gradsift.lab.studies.common import mean_std, paper_rounds, training_result
+from gradsift.lab.studies.common import accuracy_cell, paper_rounds, training_result
 from gradsift.lab.tables import Column, render
 from gradsift.lab.training import TrainConfig
 
@@ -40,14 +40,13 @@ def accuracy(out: Path, *, quick: bool = False, jobs: int = 1):
     )
     cells = defaultdict(list)
     for r in runs:
-        cells[(r["method"], r["shuffle"], r["sparsity"])].append(100 * r["test_accuracy"])
+        cells[(r["method"], r["shuffle"], r["sparsity"])].append(r)
     table = []
     for m in METHODS:
         for shuffle in (False, True):
             row = [m + (" (shuffled)" if shuffle else "")]
             for s in sparsities:
-                mean, std = mean_std(cells[(m, shuffle, s)])
-                row.append(f"{mean:.1f} ± {std:.1f}")
+                row.append(accuracy_cell(cells[(m, shuffle, s)]))
             table.append(row)
     columns = [Column(0, "method")]
     columns += [Column(i + 1, f"{100 * s:g}%") for i, s in enumerate(sparsities)]

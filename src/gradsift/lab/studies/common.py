@@ -1,4 +1,4 @@
-"""What the studies share: the machine line, training-study JSON, mean ± std."""
+"""What the studies share: the machine line, training-study JSON, mean ± std, accuracy cells."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ import statistics
 
 import torch
 
+from gradsift.lab.runs import diverged
 from gradsift.pruning import get_method
 
-__all__ = ["machine", "training_result", "mean_std", "paper_rounds"]
+__all__ = ["machine", "training_result", "mean_std", "accuracy_cell", "paper_rounds"]
 
 
 def machine() -> str:
@@ -34,6 +35,17 @@ def training_result(study: str, quick: bool, epochs: int, seeds: list, runs: lis
 
 def mean_std(values) -> tuple[float, float]:
     return statistics.mean(values), (statistics.pstdev(values) if len(values) > 1 else 0.0)
+
+
+def accuracy_cell(records, *, error: bool = False) -> str:
+    """Mean ± std of the runs' test accuracy (or error) in %, naming how many diverged:
+    a diverged run's accuracy is a constant-output network's, not a result."""
+    if not records:
+        return ""
+    values = [100 * r["test_accuracy"] for r in records]
+    mean, std = mean_std([100 - v for v in values] if error else values)
+    bad = sum(diverged(r) for r in records)
+    return f"{mean:.1f} ± {std:.1f}" + (f" ({bad} of {len(records)} diverged)" if bad else "")
 
 
 def paper_rounds(method: str, quick: bool) -> int:

@@ -19,7 +19,7 @@ from gradsift.lab.bench.ddp_step import COLUMNS, VARIANTS, bench_ddp
 from gradsift.lab.launch import spawn
 from gradsift.lab.runs import RunSpec, run_one
 from gradsift.lab.shaping import rate_gbit, run_shaped
-from gradsift.lab.studies.common import machine, mean_std
+from gradsift.lab.studies.common import accuracy_cell, machine
 from gradsift.lab.tables import Column, columns, render
 from gradsift.lab.training import TrainConfig
 
@@ -82,12 +82,11 @@ def _summary(records: list[dict], epochs: int) -> list[dict]:
         by_comm[r["comm"]].append(r)
     rows = []
     for comm, runs in by_comm.items():
-        acc = mean_std([100 * r["test_accuracy"] for r in runs])
         reach = [_time_to(r, dense[r["seed"]]["test_accuracy"]) for r in runs]
         rows.append(
             {
                 "comm": comm,
-                "accuracy": f"{acc[0]:.1f} ± {acc[1]:.1f}",
+                "accuracy": accuracy_cell(runs),
                 "step_ms": 1e3 * statistics.mean(_step_seconds(r, epochs) for r in runs),
                 "train_s": statistics.mean(r["history"][-1]["train_seconds"] for r in runs),
                 "to_dense_final_s": None if None in reach else statistics.mean(reach),

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from gradsift import list_methods
 from gradsift.lab.runs import RunSpec, run_sweep
-from gradsift.lab.studies.common import mean_std, paper_rounds, training_result
+from gradsift.lab.studies.common import accuracy_cell, mean_std, paper_rounds, training_result
 from gradsift.lab.tables import Column, render
 from gradsift.lab.training import TrainConfig
 
@@ -63,6 +63,10 @@ PLAN = (
     ),
 )
 QUICK_METHODS = ("snip",)
+DIVERGED_NOTE = (
+    "\n(n of 3 diverged): in n runs the training loss went non-finite, so their accuracy"
+    " is a constant-output network's; the mean includes them.\n"
+)
 
 
 def _quick(plan: Plan) -> Plan:
@@ -103,19 +107,18 @@ def specs(plans, methods, seeds, quick: bool) -> list[RunSpec]:
 
 
 def _cells(runs) -> dict:
+    """The records of each (model, method, budget, variant, sparsity)."""
     cells = defaultdict(list)
     for r in runs:
-        cells[(r["model"], r["method"], r["budget"], r["sanity"], r["sparsity"])].append(
-            100 * r["test_accuracy"]
-        )
+        cells[(r["model"], r["method"], r["budget"], r["sanity"], r["sparsity"])].append(r)
     return cells
 
 
-def _fmt(values) -> str:
-    if not values:
-        return ""
-    mean, std = mean_std(values)
-    return f"{mean:.1f} ± {std:.1f}"
+_fmt = accuracy_cell
+
+
+def _mean(records) -> float:
+    return mean_std([100 * r["test_accuracy"] for r in records])[0]
 
 
 def accuracy_table(plan: Plan, methods, cells) -> str:
@@ -150,7 +153,7 @@ def sanity_table(plans, methods, cells) -> str:
         row = [m]
         for p, v, x in headers:
             base, var = cells[(p.model, m, "global", None, x)], cells[(p.model, m, "global", v, x)]
-            row.append(f"{mean_std(var)[0] - mean_std(base)[0]:+.1f}" if base and var else "")
+            row.append(f"{_mean(var) - _mean(base):+.1f}" if base and var else "")
         rows.append(row)
     columns = [Column(0, "method")]
     columns += [Column(i + 1, f"{p.title} {v} {100 * x:g}%") for i, (p, v, x) in enumerate(headers)]
@@ -171,8 +174,8 @@ def snip_table(plans, cells) -> str:
     return render(rows, columns, markdown=True)
 
 
-def _error(values) -> str:
-    return _fmt([100 - v for v in values])
+def _error(records) -> str:
+    return accuracy_cell(records, error=True)
 
 
 def mnist(out: Path, *, quick: bool = False, jobs: int = 1):
@@ -191,6 +194,7 @@ def mnist(out: Path, *, quick: bool = False, jobs: int = 1):
     )
     cells = _cells(runs)
     md = "\n".join(accuracy_table(p, methods, cells) for p in plans)
+    md += DIVERGED_NOTE
     md += "\nSanity variants minus the method itself (accuracy points, global budget):\n\n"
     md += sanity_table(plans, methods, cells)
     md += "\nTest error beside SNIP's Table 2 sparsities:\n\n" + snip_table(plans, cells)

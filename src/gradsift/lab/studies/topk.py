@@ -7,7 +7,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from gradsift.lab.runs import RunSpec, run_sweep
-from gradsift.lab.studies.common import mean_std, training_result
+from gradsift.lab.studies.common import accuracy_cell, mean_std, training_result
 from gradsift.lab.tables import Column, render
 from gradsift.lab.training import TrainConfig
 
@@ -28,14 +28,15 @@ def topk(out: Path, *, quick: bool = False, jobs: int = 1):
     runs = run_sweep(specs, out / "topk_runs.json", jobs=jobs)
     cells = defaultdict(list)
     for r in runs:
-        cells[(r["grad_density"], r["error_feedback"])].append(100 * r["test_accuracy"])
+        cells[(r["grad_density"], r["error_feedback"])].append(r)
     labels, means, table = [], [], []
     for d, ef in configs:
-        mean, std = mean_std(cells[(1.0 if d is None else d, ef)])
+        records = cells[(1.0 if d is None else d, ef)]
+        mean = mean_std([100 * r["test_accuracy"] for r in records])[0]
         label = "dense" if d is None else f"{100 * d:g}%" + (" +EF" if ef else " no EF")
         labels.append(label.replace(" ", "\n", 1))
         means.append(mean)
-        table.append([label, f"{mean:.1f} ± {std:.1f}"])
+        table.append([label, accuracy_cell(records)])
     plot_bars(
         labels,
         means,
