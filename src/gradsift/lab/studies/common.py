@@ -10,7 +10,14 @@ import torch
 from gradsift.lab.runs import diverged
 from gradsift.pruning import get_method
 
-__all__ = ["machine", "training_result", "mean_std", "accuracy_cell", "paper_rounds"]
+__all__ = [
+    "machine",
+    "training_result",
+    "mean_std",
+    "mean_accuracy",
+    "accuracy_cell",
+    "paper_rounds",
+]
 
 
 def machine() -> str:
@@ -35,6 +42,11 @@ def training_result(study: str, quick: bool, epochs: int, seeds: list, runs: lis
 
 def mean_std(values) -> tuple[float, float]:
     return statistics.mean(values), (statistics.pstdev(values) if len(values) > 1 else 0.0)
+
+
+def mean_accuracy(records) -> float:
+    """Mean test accuracy of the runs, in %."""
+    return statistics.mean(100 * r["test_accuracy"] for r in records)
 
 
 def accuracy_cell(records, *, error: bool = False) -> str:

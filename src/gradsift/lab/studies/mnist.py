@@ -21,7 +21,7 @@ from pathlib import Path
 
 from gradsift import list_methods
 from gradsift.lab.runs import RunSpec, run_sweep
-from gradsift.lab.studies.common import accuracy_cell, mean_std, paper_rounds, training_result
+from gradsift.lab.studies.common import accuracy_cell, mean_accuracy, paper_rounds, training_result
 from gradsift.lab.tables import Column, render
 from gradsift.lab.training import TrainConfig
 
@@ -64,8 +64,8 @@ PLAN = (
 )
 QUICK_METHODS = ("snip",)
 DIVERGED_NOTE = (
-    "\n(n of 3 diverged): in n runs the training loss went non-finite, so their accuracy"
-    " is a constant-output network's; the mean includes them.\n"
+    "\n(n of m diverged): in n of the cell's m runs the training loss went non-finite, so"
+    " their accuracy is a constant-output network's; the mean includes them.\n"
 )
 
 
@@ -114,26 +114,21 @@ def _cells(runs) -> dict:
     return cells
 
 
-_fmt = accuracy_cell
-
-
-def _mean(records) -> float:
-    return mean_std([100 * r["test_accuracy"] for r in records])[0]
-
-
 def accuracy_table(plan: Plan, methods, cells) -> str:
     """Test accuracy (%) per method, budget and variant (rows) and sparsity (columns)."""
-    rows = [["dense", "", _fmt(cells[(plan.model, "unpruned", "global", None, 0.0)])]]
+    rows = [["dense", "", accuracy_cell(cells[(plan.model, "unpruned", "global", None, 0.0)])]]
     rows[0] += [""] * (len(plan.sparsities) - 1)
     for m in methods:
         for b in BUDGETS:
             rows.append(
-                [m, b] + [_fmt(cells[(plan.model, m, b, None, x)]) for x in plan.sparsities]
+                [m, b]
+                + [accuracy_cell(cells[(plan.model, m, b, None, x)]) for x in plan.sparsities]
             )
         for v in plan.sanity:
             key = (plan.model, m, "global")
             rows.append(
-                [f"{m} ({v})", "global"] + [_fmt(cells[(*key, v, x)]) for x in plan.sparsities]
+                [f"{m} ({v})", "global"]
+                + [accuracy_cell(cells[(*key, v, x)]) for x in plan.sparsities]
             )
     columns = [Column(0, "method"), Column(1, "budget")]
     columns += [Column(i + 2, f"{100 * x:g}%") for i, x in enumerate(plan.sparsities)]
@@ -153,7 +148,7 @@ def sanity_table(plans, methods, cells) -> str:
         row = [m]
         for p, v, x in headers:
             base, var = cells[(p.model, m, "global", None, x)], cells[(p.model, m, "global", v, x)]
-            row.append(f"{_mean(var) - _mean(base):+.1f}" if base and var else "")
+            row.append(f"{mean_accuracy(var) - mean_accuracy(base):+.1f}" if base and var else "")
         rows.append(row)
     columns = [Column(0, "method")]
     columns += [Column(i + 1, f"{p.title} {v} {100 * x:g}%") for i, (p, v, x) in enumerate(headers)]
@@ -166,16 +161,14 @@ def snip_table(plans, cells) -> str:
     for p in plans:
         dense = cells[(p.model, "unpruned", "global", None, 0.0)]
         for x in p.sparsities[-2:]:
-            row = [p.title, f"{100 * x:g}%", _error(dense)]
-            row += [_error(cells[(p.model, "snip", b, None, x)]) for b in BUDGETS]
+            row = [p.title, f"{100 * x:g}%", accuracy_cell(dense, error=True)]
+            row += [
+                accuracy_cell(cells[(p.model, "snip", b, None, x)], error=True) for b in BUDGETS
+            ]
             rows.append(row)
     columns = [Column(0, "network"), Column(1, "sparsity"), Column(2, "dense error (%)")]
     columns += [Column(3 + i, f"SNIP {b} error (%)") for i, b in enumerate(BUDGETS)]
     return render(rows, columns, markdown=True)
-
-
-def _error(records) -> str:
-    return accuracy_cell(records, error=True)
 
 
 def mnist(out: Path, *, quick: bool = False, jobs: int = 1):

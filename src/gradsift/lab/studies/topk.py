@@ -7,7 +7,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from gradsift.lab.runs import RunSpec, run_sweep
-from gradsift.lab.studies.common import accuracy_cell, mean_std, training_result
+from gradsift.lab.studies.common import accuracy_cell, mean_accuracy, training_result
 from gradsift.lab.tables import Column, render
 from gradsift.lab.training import TrainConfig
 
@@ -32,10 +32,9 @@ def topk(out: Path, *, quick: bool = False, jobs: int = 1):
     labels, means, table = [], [], []
     for d, ef in configs:
         records = cells[(1.0 if d is None else d, ef)]
-        mean = mean_std([100 * r["test_accuracy"] for r in records])[0]
         label = "dense" if d is None else f"{100 * d:g}%" + (" +EF" if ef else " no EF")
         labels.append(label.replace(" ", "\n", 1))
-        means.append(mean)
+        means.append(mean_accuracy(records))
         table.append([label, accuracy_cell(records)])
     plot_bars(
         labels,
