@@ -1,5 +1,6 @@
 """The --quick form of every study runs and writes valid JSON, Markdown and a PNG."""
 
+import importlib
 import json
 
 import pytest
@@ -109,3 +110,24 @@ def test_a_cell_with_diverged_runs_says_how_many():
     assert accuracy_cell([ok, ok]) == "90.0 ± 0.0"
     assert accuracy_cell([ok, bad, bad]) == "35.2 ± 38.7 (2 of 3 diverged)"
     assert accuracy_cell([]) == ""
+
+
+def test_an_interrupted_collapse_study_resumes_at_the_next_method(tmp_path, monkeypatch):
+    # the package's ``collapse`` is the study function, which hides its module
+    study = importlib.import_module("gradsift.lab.studies.collapse")
+    methods = ["random", "synflow"]  # one scored once, one pruned afresh (rounds)
+    monkeypatch.setattr(study, "list_methods", lambda: methods)
+    whole, _ = study.collapse(tmp_path / "whole", quick=True)
+    cache = tmp_path / "whole" / "collapse_rows_quick.json"
+    done = json.loads(cache.read_text())
+    assert sorted(done) == sorted(f"{s.model}/{m}" for s in study._QUICK for m in methods)
+    # as if killed during ResNet-20's synflow: only that one is recomputed
+    del done["resnet20/synflow"]
+    (tmp_path / "part").mkdir()
+    (tmp_path / "part" / cache.name).write_text(json.dumps(done))
+    computed = []
+    real = study._rows
+    monkeypatch.setattr(study, "_rows", lambda m, *a: computed.append(m) or real(m, *a))
+    resumed, _ = study.collapse(tmp_path / "part", quick=True)
+    assert computed == ["synflow"]
+    assert resumed["rows"] == whole["rows"] and resumed["summary"] == whole["summary"]

@@ -11,6 +11,7 @@ every compression; any other is scored once and its scores cut at each compressi
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import asdict, dataclass
 from functools import partial
@@ -19,6 +20,7 @@ from pathlib import Path
 import torch
 
 from gradsift import list_methods, masks_from_scores, prune_at_init, score
+from gradsift.lab.atomic import atomic_write_json, read_json
 from gradsift.lab.data import loader, random_data
 from gradsift.lab.models import build_model
 from gradsift.lab.studies.common import machine
@@ -201,8 +203,25 @@ SUMMARY_COLUMNS = (
 )
 
 
+def _cached_rows(cache: Path, method, model, batches, setting: Setting) -> list[dict]:
+    """``_rows`` of one (network, method), kept in ``cache`` as soon as they exist, so
+    that an interrupted study resumes at the next method; rows from another setting
+    are recomputed. Delete the file to recompute everything."""
+    done = read_json(cache, {})
+    key = f"{setting.model}/{method}"
+    if key in done and done[key]["setting"] == json.loads(json.dumps(asdict(setting))):
+        return done[key]["rows"]
+    torch.manual_seed(0)  # random draws of a method do not depend on those before it
+    rows = _rows(method, model, batches, setting)
+    done = read_json(cache, {})
+    done[key] = {"setting": asdict(setting), "rows": rows}
+    atomic_write_json(cache, done)
+    return rows
+
+
 def collapse(out: Path, *, quick: bool = False):
     settings = _QUICK if quick else _FULL
+    cache = Path(out) / ("collapse_rows_quick.json" if quick else "collapse_rows.json")
     rows = []
     for setting in settings:
         torch.manual_seed(0)
@@ -211,7 +230,8 @@ def collapse(out: Path, *, quick: bool = False):
         )
         data = random_data(setting.input_shape, setting.classes, per_class=setting.per_class)
         batches = partial(loader, data.train, shuffle=True)
-        rows += [r for m in list_methods() for r in _rows(m, model, batches, setting)]
+        for method in list_methods():
+            rows += _cached_rows(cache, method, model, batches, setting)
     summary = _summary(rows, settings)
     result = {
         "study": "collapse",
