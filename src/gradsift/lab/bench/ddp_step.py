@@ -24,8 +24,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from gradsift.lab.atomic import atomic_write_json, read_json
 from gradsift.lab.comm import make_hook
-from gradsift.lab.launch import free_port, run_processes
-from gradsift.lab.models import build_model
+from gradsift.lab.launch import RankFailedError, free_port, run_processes
+from gradsift.lab.models import build_model, list_models
 from gradsift.lab.shaping import ENV, loopback_bytes, run_shaped
 from gradsift.lab.tables import Column, columns
 from gradsift.lab.training import fit
@@ -120,34 +120,46 @@ def _no_comm(model_name, steps, batch) -> dict:
     return {"hook": "one process, no communication", "step_ms": 1e3 * statistics.median(times)}
 
 
-def _job(rank, world, port, model_name, variants, steps, batch, out) -> None:
+def _job(rank, world, port, model_name, name, steps, batch, out) -> None:
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=300))
     torch.set_num_threads(1)  # two processes share the machine's cores
-    rows = []
-    for name in variants:
-        try:
-            rows.append(_run_variant(name, model_name, steps, batch, rank, world))
-        except Exception as exc:  # noqa: BLE001 - a hook that fails is a result to report
-            rows.append({"hook": name, "error": f"{type(exc).__name__}: {exc}"[:160]})
-            dist.barrier()
+    try:
+        row = _run_variant(name, model_name, steps, batch, rank, world)
+    except Exception as exc:  # noqa: BLE001 - a hook that fails is a result to report
+        row = {"hook": name, "error": f"{type(exc).__name__}: {exc}"[:160]}
+    dist.barrier()
     if rank == 0:
-        dist.barrier()
-        torch.set_num_threads(1)
-        rows.append(_no_comm(model_name, steps, batch))
-        atomic_write_json(out, rows)
-    else:
-        dist.barrier()
+        atomic_write_json(out, row)
     dist.destroy_process_group()
 
 
-def _two_ranks(model, variants, steps, batch) -> list[dict]:
-    """Both ranks' rows, through a file; a rank that dies raises ``RankFailedError``
-    (rather than leaving this process waiting for rows that never come)."""
+def _no_comm_job(rank, model_name, steps, batch, out) -> None:
+    torch.set_num_threads(1)  # as each of the two ranks
+    atomic_write_json(out, _no_comm(model_name, steps, batch))
+
+
+def _isolated(fn, args: tuple, nproc: int, name: str) -> dict:
+    """One variant's row from its own processes: a native abort (torch 2.13's
+    PowerSGD hook at batch 1 dies in gloo with a "collective mismatch") then
+    becomes that variant's ``error`` instead of ending the whole benchmark."""
     with tempfile.TemporaryDirectory(prefix="gradsift-bench-ddp-") as tmp:
-        out = str(Path(tmp) / "rows.json")
-        run_processes(_job, (2, free_port(), model, list(variants), steps, batch, out), 2)
-        rows = read_json(out)
+        out = str(Path(tmp) / "row.json")
+        try:
+            run_processes(fn, (*args, out), nproc)
+        except RankFailedError as exc:
+            return {"hook": name, "error": str(exc)}
+        return read_json(out)
+
+
+def _two_ranks(model, variants, steps, batch) -> list[dict]:
+    """Each variant's row from its own pair of ranks, then the no-communication row."""
+    if model not in list_models():  # one clear error, not one per variant
+        raise ValueError(f"model must be one of {list_models()}, got {model!r}")
+    rows = [_isolated(_job, (2, free_port(), model, name, steps, batch), 2, name)
+            for name in variants]  # fmt: skip
+    no_comm = "one process, no communication"
+    rows.append(_isolated(_no_comm_job, (model, steps, batch), 1, no_comm))
     base = next((r["step_ms"] for r in rows if r["hook"] == "allreduce" and "step_ms" in r), None)
     for r in rows:
         if base and "step_ms" in r:
