@@ -9,6 +9,7 @@ import socket
 import tempfile
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 
 from gradsift.lab.atomic import atomic_write_json, read_json
@@ -32,6 +33,7 @@ def run_rank(
     spec: RunSpec, *, rank: int, world: int, checkpoint_dir=None, timeout_s: float = 120.0
 ) -> dict | None:
     """This process's rank of ``spec``; rank 0 returns the result record."""
+    _share_cores(int(os.environ.get("LOCAL_WORLD_SIZE", world)))
     init_process_group(rank, world, spec.train.device, timeout_s)
     try:
         record = run_one(spec, rank=rank, world=world, checkpoint_dir=checkpoint_dir)
@@ -43,6 +45,18 @@ def run_rank(
     finally:
         dist.destroy_process_group()
     return record if rank == 0 else None
+
+
+def _share_cores(local_ranks: int) -> None:
+    """Give each of the ``local_ranks`` processes on this machine its share of the
+    cores, as torchrun does (it sets ``OMP_NUM_THREADS=1``), unless the user chose.
+
+    Every spawned process otherwise starts as many threads as there are cores: two
+    ranks on two cores made a digits MLP step 5x slower (DDP allreduce 17 ms instead of
+    3.5 ms), which hid what communication costs.
+    """
+    if "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_ranks))
 
 
 def _worker(rank: int, world: int, port: int, spec: RunSpec, checkpoint_dir, out) -> None:
