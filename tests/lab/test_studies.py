@@ -4,6 +4,7 @@ import importlib
 import json
 
 import pytest
+import torch
 
 import gradsift
 from gradsift.lab import cli
@@ -95,11 +96,57 @@ def test_quick_study(study, tmp_path, capsys):
         }
     if study == "ddp":
         assert {r["bandwidth"] for r in data["bench"]} == {"1gbit"}
-        assert {r["comm"] for r in data["runs"]} == {"one process", "allreduce", "topk-dgc"}
+        assert {r["comm"] for r in data["runs"]} == {
+            "one process",
+            "allreduce",
+            "topk-dgc",
+            "topk-dgc, 2 epochs",
+        }
+        long = next(r for r in data["runs"] if r["comm"] == "topk-dgc, 2 epochs")
+        assert len(long["history"]) == 2
         assert all(
             r["world_size"] == (1 if r["comm"] == "one process" else 2) for r in data["runs"]
         )
         assert all(s["step_ms"] > 0 for s in data["summary"])
+
+
+def _digits_record(comm, seed, accuracies, step_s, world=2):
+    history = [
+        {"accuracy": a, "train_seconds": step_s * 11 * (e + 1), "train_loss": 0.1}
+        for e, a in enumerate(accuracies)
+    ]
+    return {
+        "comm": comm,
+        "seed": seed,
+        "world_size": world,
+        "history": history,
+        "test_accuracy": accuracies[-1],
+        "test_loss": 0.1,
+    }
+
+
+def test_time_to_dense_accuracy_pairs_each_run_with_its_seeds_dense_run():
+    from gradsift.lab.studies.ddp import _summary
+
+    records = [
+        _digits_record("allreduce", 0, [0.90, 0.95, 0.97], 0.030),
+        _digits_record("allreduce", 1, [0.90, 0.96, 0.98], 0.030),
+        # seed 1's 0.97 is below its own dense run's 0.98: not reached in 3 epochs
+        _digits_record("topk-dgc", 0, [0.80, 0.97, 0.97], 0.006),
+        _digits_record("topk-dgc", 1, [0.80, 0.95, 0.97], 0.006),
+        _digits_record("topk-dgc, 6 epochs", 0, [0.8, 0.9, 0.97, 0.97, 0.97, 0.97], 0.006),
+        _digits_record("topk-dgc, 6 epochs", 1, [0.8, 0.9, 0.95, 0.96, 0.98, 0.99], 0.006),
+    ]
+    rows = {r["comm"]: r for r in _summary(records)}
+    dense, short, long = rows["allreduce"], rows["topk-dgc"], rows["topk-dgc, 6 epochs"]
+    assert (dense["epochs"], short["epochs"], long["epochs"]) == (3, 3, 6)
+    torch.testing.assert_close(dense["step_ms"], 30.0)
+    torch.testing.assert_close(long["step_ms"], 6.0)
+    torch.testing.assert_close(dense["to_dense_final_s"], 0.030 * 11 * 3)
+    assert short["to_dense_final_s"] is None and short["reached"] == "1 of 2"
+    # seed 0 at epoch 3, seed 1 at epoch 5
+    torch.testing.assert_close(long["to_dense_final_s"], 0.006 * 11 * (3 + 5) / 2)
+    assert long["reached"] == "2 of 2"
 
 
 def test_a_cell_with_diverged_runs_says_how_many():
