@@ -60,15 +60,15 @@ def _spec(comm: str | None, seed: int, epochs: int) -> RunSpec:
 def train_runs(comms: list, seeds: list, epochs: int, long_epochs: int | None = None) -> list:
     """Every (comm, seed) on two ranks for ``epochs``, each seed in one process (comm
     "one process"), and every compressor (not allreduce) again for ``long_epochs``."""
+    compressors = [c for c in comms if c != "allreduce"] if long_epochs else []
     records = []
     for seed in seeds:
         records.append({**run_one(_spec(None, seed, epochs)), "comm": "one process"})
         for comm in comms:
             records.append({**spawn(_spec(comm, seed, epochs), 2), "comm": comm})
-        for comm in comms if long_epochs else []:
-            if comm != "allreduce":
-                label = f"{comm}, {long_epochs} epochs"
-                records.append({**spawn(_spec(comm, seed, long_epochs), 2), "comm": label})
+        for comm in compressors:
+            label = f"{comm}, {long_epochs} epochs"
+            records.append({**spawn(_spec(comm, seed, long_epochs), 2), "comm": label})
     return records
 
 
