@@ -320,3 +320,19 @@ def fail_on_rank_one(rank, port):
     if rank == 1:
         raise ValueError("bad input on rank 1")
     dist.barrier()
+
+
+ABORTS = "a variant whose rank 1 aborts"
+
+
+def abort_in_variant(rank, world, port, model_name, name, steps, batch, out):
+    """``gradsift bench ddp``'s rank job, except that rank 1 of the variant named
+    ``ABORTS`` dies by SIGABRT (a deterministic stand-in for a native crash)."""
+    from gradsift.lab.bench import ddp_step
+
+    if name == ABORTS:
+        init(rank, world, port)
+        if rank == 1:
+            os.abort()
+        dist.barrier()  # rank 0 waits here until it is stopped
+    ddp_step._job(rank, world, port, model_name, name, steps, batch, out)

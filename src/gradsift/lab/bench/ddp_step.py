@@ -140,9 +140,9 @@ def _no_comm_job(rank, model_name, steps, batch, out) -> None:
 
 
 def _isolated(fn, args: tuple, nproc: int, name: str) -> dict:
-    """One variant's row from its own processes: a native abort (torch 2.13's
-    PowerSGD hook at batch 1 dies in gloo with a "collective mismatch") then
-    becomes that variant's ``error`` instead of ending the whole benchmark."""
+    """One variant's row from its own processes: a rank that dies natively (a hook
+    aborting in gloo, say) then becomes that variant's ``error`` instead of ending
+    the whole benchmark."""
     with tempfile.TemporaryDirectory(prefix="gradsift-bench-ddp-") as tmp:
         out = str(Path(tmp) / "row.json")
         try:
@@ -152,11 +152,13 @@ def _isolated(fn, args: tuple, nproc: int, name: str) -> dict:
         return read_json(out)
 
 
-def _two_ranks(model, variants, steps, batch) -> list[dict]:
-    """Each variant's row from its own pair of ranks, then the no-communication row."""
+def _two_ranks(model, variants, steps, batch, job=None) -> list[dict]:
+    """Each variant's row from its own pair of ranks (``job(rank, world, port, model,
+    name, steps, batch, out)``, ``_job`` by default), then the no-communication row."""
+    job = _job if job is None else job
     if model not in list_models():  # one clear error, not one per variant
         raise ValueError(f"model must be one of {list_models()}, got {model!r}")
-    rows = [_isolated(_job, (2, free_port(), model, name, steps, batch), 2, name)
+    rows = [_isolated(job, (2, free_port(), model, name, steps, batch), 2, name)
             for name in variants]  # fmt: skip
     no_comm = "one process, no communication"
     rows.append(_isolated(_no_comm_job, (model, steps, batch), 1, no_comm))
