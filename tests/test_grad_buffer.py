@@ -3,7 +3,7 @@
 import torch
 from torch import nn
 
-from gradsift.grad_buffer import build_buckets
+from gradsift.optim.flat_buffer import build_buckets
 
 
 def params(dtype=torch.float32):

@@ -8,7 +8,7 @@ from torch import nn
 
 from gradsift import TopK, sparsify_grads_
 from gradsift.budget import resolve_k
-from gradsift.sparse_sgd import plain_sgd
+from gradsift.optim.sparse_sgd import plain_sgd
 
 
 class Net(nn.Module):

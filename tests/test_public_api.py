@@ -6,6 +6,7 @@ import torch
 
 import gradsift
 import gradsift.distributed
+import gradsift.select
 
 LIBRARY = [
     "TopK",
@@ -26,7 +27,7 @@ LIBRARY = [
 def test_library_names():
     assert sorted(gradsift.__all__) == sorted(LIBRARY)
     for name in LIBRARY:
-        assert getattr(gradsift, name) is not None, name
+        assert hasattr(gradsift, name), f"gradsift.{name} is in __all__ but missing"
     assert issubclass(gradsift.TopK, torch.optim.Optimizer)
     assert set(gradsift.list_methods()) >= {"grasp", "magnitude", "random", "snip", "synflow"}
     assert set(gradsift.list_methods()) >= {"force", "iter_snip", "ntk_sap", "prospr", "synflow_l2"}
@@ -41,7 +42,8 @@ def test_library_names():
         "momentum_correction",
         "backend",
     ]
-    assert inspect.signature(gradsift.topk_indices).parameters["backend"].default == "torch"
+    for fn in (gradsift.topk_indices, gradsift.select.topk_mask, gradsift.TopK):
+        assert inspect.signature(fn).parameters["backend"].default == "auto", fn
 
 
 def test_distributed_names():

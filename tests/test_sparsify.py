@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from gradsift import sparsify_grads_
-from gradsift.sparsify import Workspace, sparsify_
+from gradsift.optim.error_feedback import Workspace, sparsify_
 
 
 def _vectors(n, seed, dtype):

@@ -7,8 +7,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gradsift import _topk_exact, _topk_sampled, topk_indices
-from gradsift import topk as sel
+from gradsift import topk_indices
+from gradsift.select import exact as _topk_exact
+from gradsift.select import sampled as _topk_sampled
+from gradsift.select import sampled as sel
 
 FLOATS = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 

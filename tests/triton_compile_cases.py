@@ -10,18 +10,17 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from gradsift._sparsify_triton import scatter_kernel, write_kernel
-from gradsift._topk_triton import stage_kernel
-from gradsift._triton_keys import block_keys_kernel
-from gradsift._triton_radix import scan_kernel
+from gradsift.select.triton.fused_step import scatter_kernel, write_kernel
+from gradsift.select.triton.keys import block_keys_kernel
+from gradsift.select.triton.topk import stage_kernel
 
 TARGET = GPUTarget("cuda", 90, 32)
 
 STAGE_SIG = dict(
     x_ptr="*fp32", r_ptr="*fp32", u_ptr="*fp32", m="fp32", keys_ptr="*i32",
-    cand_ptr="*i32", state_ptr="*i32", hist_ptr="*i32", counts_ptr="*i32",
+    cand_ptr="*i32", state_ptr="*i64", hist_ptr="*i64", counts_ptr="*i64",
     out_ptr="*i64", val_ptr="*fp32", n="i32", nblocks="i32", cap="i32", k="i32",
-    nprog="i32",
+    nprog="i32", phase="i32", p="i32", absolute="i32", all_="i32",
 )  # fmt: skip
 
 
@@ -34,27 +33,27 @@ def compile_sm90(fn, signature: dict, constexprs: dict) -> int:
 
 
 def stage_cases():
-    # (PHASE, P, OUT, STAGE): histogram passes, counts, and each kind of output
-    for phase, p, out, stage in [(0, 0, 0, 0), (0, 3, 1, 1), (1, 4, 1, 1), (2, 4, 0, 0),
-                                 (2, 4, 1, 1), (2, 4, 2, 1)]:  # fmt: skip
+    # (STAGE, OUT, BLOCK, WIDE): each kind of output, both block sizes, 64-bit indices
+    for stage, out, block, wide in [(0, 0, 32, False), (1, 1, 32, False), (1, 2, 32, False),
+                                    (1, 1, 8, False), (1, 1, 32, True)]:  # fmt: skip
         sig = STAGE_SIG | (
             {"out_ptr": "*i32"} if out == 0 else {"out_ptr": "*u8"} if out == 2 else {}
         )
-        consts = dict(STAGE=stage, ALL=out == 2, MODE=2, ABSOLUTE=True, BITS=32)
-        consts |= dict(PHASE=phase, P=p, OUT=out, FLAGS=phase == 0 and p == 0)
-        yield f"stage {phase}-{p}-{out}-{stage}", stage_kernel, sig, consts
+        if wide:
+            sig |= {"n": "i64", "nblocks": "i64", "cap": "i64", "k": "i64"}
+        consts = dict(STAGE=stage, MODE=2, BITS=32, BLOCK=block, OUT=out, WIDE=wide)
+        yield f"stage {stage}-{out}-{block}-{wide}", stage_kernel, sig, consts
 
 
 def other_cases():
     keys = dict(x_ptr="*bf16", r_ptr="*bf16", u_ptr="*bf16", m="fp32", keys_ptr="*i32")
-    keys |= dict(state_ptr="*i32", n="i32", nblocks="i32")
-    yield "block keys bf16", block_keys_kernel, keys, dict(MODE=2, ABSOLUTE=False, BITS=16)
-    scan = dict(counts_ptr="*i32", state_ptr="*i32", nblocks="i32", cap="i32")
-    yield "scan", scan_kernel, scan, dict(STAGE=1, ALL=False)
-    write = dict(x_ptr="*fp16", r_ptr="*fp16", u_ptr="*fp16", m="fp32", state_ptr="*i32", n="i32")
+    keys |= dict(state_ptr="*i64", n="i32", nblocks="i32", nprog="i32", absolute="i32")
+    consts = dict(MODE=2, BITS=16, BLOCK=32, WIDE=False)
+    yield "block keys bf16", block_keys_kernel, keys, consts
+    write = dict(x_ptr="*fp16", r_ptr="*fp16", u_ptr="*fp16", m="fp32", state_ptr="*i64", n="i32")
     yield "write fp16", write_kernel, write, dict(MODE=2)
     scatter = dict(idx_ptr="*i64", val_ptr="*fp32", x_ptr="*fp32", r_ptr="*fp32", u_ptr="*fp32")
-    scatter |= dict(state_ptr="*i32", k="i32", ptrs_ptr="*i64", offsets_ptr="*i64", lrs_ptr="*fp32")
+    scatter |= dict(state_ptr="*i64", k="i32", ptrs_ptr="*i64", offsets_ptr="*i64", lrs_ptr="*fp32")
     yield "scatter+sgd", scatter_kernel, scatter, dict(MODE=2, APPLY=True, SEARCH=6)
 
 

@@ -5,7 +5,7 @@ Global top-k sparse updates with error feedback, and pruning at initialization
 the library; ``gradsift.lab`` is the command line and experiment harness built on it.
 """
 
-from gradsift.optim import TopK
+from gradsift.optim import TopK, sparsify_grads_
 from gradsift.pruning import (
     apply_masks_,
     list_methods,
@@ -16,8 +16,7 @@ from gradsift.pruning import (
     shuffle_masks,
     sparsity_report,
 )
-from gradsift.sparsify import sparsify_grads_
-from gradsift.topk import topk_indices
+from gradsift.select import topk_indices
 
 __version__ = "0.1.0"
 

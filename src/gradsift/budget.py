@@ -40,10 +40,6 @@ class Budget:
             return min(self.k, n)
         return min(n, max(1, round(self.density * n)))
 
-    def full(self, n: int) -> bool:
-        """Whether every one of ``n`` coordinates is kept (the step is dense)."""
-        return self.resolve(n) == n
-
     def __str__(self) -> str:
         return f"k={self.k}" if self.k is not None else f"density={self.density}"
 

@@ -45,8 +45,6 @@ from gradsift.distributed.state import (
 
 __all__ = ["TopKHookState", "topk_hook", "compress_"]
 
-_HEADER = 5  # int64 words: non-finite flag, iteration, size, layout hash, has-state
-
 
 def topk_hook(state: TopKHookState, bucket) -> torch.futures.Future[torch.Tensor]:
     """DDP communication hook: average top-k compressed gradients across ranks.

@@ -7,7 +7,7 @@ depend on DDP's bucket layout), on each rank::
 
     g <- g * min(1, c / (sqrt(W) ||g||))      local clipping (DGC Sec. 3.3, optional)
     u <- m u + g ; a = r + u   (or a = r + g) momentum correction (optional), feedback
-    S = top_k(|a|)                            gradsift.sparsify: exact
+    S = top_k(|a|)                            gradsift.optim.error_feedback: exact
     r <- a with S zeroed ; u <- u with S zeroed
     q = round(a[S]) to value_dtype ; r[S] = a[S] - q   (the rounding error is kept)
 
@@ -26,7 +26,7 @@ from gradsift.budget import Budget, HasBudget
 from gradsift.checks import check_choice, check_float, check_int
 from gradsift.distributed import encoding as wire
 from gradsift.distributed.warmup import check_schedule, density_at
-from gradsift.sparsify import Workspace, check_momentum_correction, sparsify_
+from gradsift.optim.error_feedback import Workspace, check_momentum_correction, sparsify_
 
 __all__ = ["TopKHookState", "compress_", "compress_into_", "match_layout_", "message_bytes"]
 

@@ -1,7 +1,7 @@
 """Scores to masks, and masks into the model through ``torch.nn.utils.prune``.
 
 Exactly ``round(sparsity * N)`` weights are removed: the kept set is an exact top-k
-of the scores (``gradsift.topk.topk_mask`` with ``absolute=False``, since signed
+of the scores (``gradsift.select.topk_mask`` with ``absolute=False``, since signed
 scores such as GraSP's must not be ranked by magnitude), ties broken toward the
 lowest index in the concatenation of the layers in model order. There is no
 ``<=``-threshold over-pruning on ties. Under a layer-wise budget
@@ -26,7 +26,7 @@ from gradsift.checks import check_float, check_int, has_nan
 from gradsift.pruning.budgets import check_budget, layer_counts
 from gradsift.pruning.params import mask_of, original, owners, prunable
 from gradsift.pruning.shared import refresh_readers_
-from gradsift.topk import topk_indices, topk_mask
+from gradsift.select import topk_indices, topk_mask
 
 __all__ = ["masks_from_scores", "apply_masks_", "shuffle_masks", "check_sparsity"]
 

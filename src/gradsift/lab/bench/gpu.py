@@ -1,8 +1,13 @@
 """``gradsift bench select|step --device cuda``: the Triton kernels against plain torch
 on a GPU, timed with CUDA events (medians).
 
-- select: ``topk_indices(x, k, backend="triton")`` vs the torch backend vs
-  ``torch.topk(x.abs(), k)``, float32 normal data, k = 0.1% and 1% of N.
+- select: ``topk_indices(x, k)`` (the default, ``backend="auto"``: the Triton kernels
+  on a GPU) and the torch backend against the anchors measured in the same run:
+  ``torch.topk(x.abs(), k)``, one ``x.abs().amax()`` (a read), the threshold pass
+  ``(x.abs() >= t).nonzero()``, DGC's sampled threshold (a 1% random sample's top,
+  then that pass; Lin et al. 2018) and a device copy of ``x`` (a read and a write:
+  the bandwidth the card gives). ``reads`` is the selection's time over one read.
+  float32 normal data, N = 11.7M, 25M, 100M, 1B, k = 0.1% and 1% of N.
 - step: ``TopK(SGD)`` + error feedback with ``backend="triton"`` vs the torch backend
   vs dense ``SGD(foreach=True)`` and ``SGD(fused=True)``, on ResNet-18's shapes
   (11.7M) and on 8 equal tensors at larger N.
@@ -26,16 +31,21 @@ from gradsift.lab.tables import columns
 __all__ = ["GPU_BENCHES", "bench_select_gpu", "bench_step_gpu", "require_cuda"]
 
 SIZES = (11_700_000, 25_000_000, 100_000_000)
+SELECT_SIZES = (*SIZES, 1_000_000_000)
 DENSITIES = (0.001, 0.01)
 
 SELECT_COLUMNS = columns(
     """
     n                   N               d
     k                   k               d
-    triton_ms           triton ms       .3f
+    auto_ms             gradsift ms     .3f
     torch_backend_ms    torch path ms   .3f
     torch_topk_ms       topk(|x|) ms    .3f
-    topk_over_triton    topk/triton     .1f
+    amax_ms             amax ms         .3f
+    threshold_pass_ms   >=t nonzero ms  .3f
+    dgc_ms              DGC sampled ms  .3f
+    topk_over_auto      topk/gradsift   .1f
+    reads               reads           .2f
     """
 )
 
@@ -87,20 +97,37 @@ def _median_ms(fn, repeats: int, device: torch.device, setup=None) -> float:
     return statistics.median(times)
 
 
-def bench_select_gpu(sizes=SIZES, repeats: int = 7, device: str = "cuda", seed: int = 0):
+def _dgc_threshold(x: torch.Tensor, k: int) -> torch.Tensor:
+    """DGC's selection (Lin et al. 2018, arXiv:1712.01887): the threshold is the top of
+    a 1% random sample, then one pass keeps ``|x| >= t`` (about k, not exactly k)."""
+    n = x.numel()
+    m = max(1, n // 100)
+    sample = x[torch.randint(0, n, (m,), device=x.device)].abs()
+    t = torch.topk(sample, max(1, k * m // n)).values[-1]
+    return (x.abs() >= t).nonzero()
+
+
+def bench_select_gpu(sizes=SELECT_SIZES, repeats: int = 7, device: str = "cuda", seed: int = 0):
     dev = require_cuda(device)
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device=dev).manual_seed(seed)
     rows = []
     for n in sizes:
-        x = torch.randn(n, generator=gen).to(dev)
+        x = torch.randn(n, generator=gen, device=dev)
+        copy_ms = _median_ms(lambda: torch.empty_like(x).copy_(x), repeats, dev)  # noqa: B023
         for k in sorted({max(1, int(n * d)) for d in DENSITIES}):
-            t = {
-                "triton_ms": lambda: topk_indices(x, k, backend="triton"),  # noqa: B023
-                "torch_backend_ms": lambda: topk_indices(x, k),  # noqa: B023
+            t = torch.topk(x.abs(), k).values[-1]
+            times = {
+                "auto_ms": lambda: topk_indices(x, k),  # noqa: B023
+                "torch_backend_ms": lambda: topk_indices(x, k, backend="torch"),  # noqa: B023
                 "torch_topk_ms": lambda: torch.topk(x.abs(), k),  # noqa: B023
+                "amax_ms": lambda: x.abs().amax(),  # noqa: B023
+                "threshold_pass_ms": lambda: (x.abs() >= t).nonzero(),  # noqa: B023
+                "dgc_ms": lambda: _dgc_threshold(x, k),  # noqa: B023
             }
-            row = {"n": n, "k": k, **{name: _median_ms(fn, repeats, dev) for name, fn in t.items()}}
-            row["topk_over_triton"] = row["torch_topk_ms"] / row["triton_ms"]
+            row = {"n": n, "k": k}
+            row |= {name: _median_ms(fn, repeats, dev) for name, fn in times.items()}
+            row["topk_over_auto"] = row["torch_topk_ms"] / row["auto_ms"]
+            row["reads"] = row["auto_ms"] / (copy_ms / 2)
             rows.append(row)
     return rows
 

@@ -26,11 +26,14 @@ NaN policy: any NaN in ``x`` raises ``ValueError`` (a NaN gradient or score is a
 upstream, and silently ranking it would hide it). ``+-inf`` rank as the largest
 magnitudes (or as the extremes with ``absolute=False``), as in ``torch.topk``.
 
-Backends: ``backend="torch"`` (default) is the above on CPU and a ``torch.topk``-based
-exact selection elsewhere. ``backend="triton"`` runs the same selection as GPU kernels
-(``gradsift._topk_triton``; needs the optional ``triton``) for float16, bfloat16 and
-float32, with identical results; it is opt-in because its speed has not been measured
-on a GPU yet.
+Backends (``gradsift.select.dispatch`` decides, from the device and what is
+installed): ``backend="auto"`` (default) runs the Triton kernels of
+``gradsift.select.triton`` on CUDA tensors when triton imports, and the torch path
+otherwise; ``"torch"`` and ``"triton"`` force one. All give identical indices.
+
+The package: ``exact`` (the dense path and the exact stage), ``sampled`` (the
+sampled-threshold path with block keys), ``triton/`` (GPU kernels: order keys,
+radix select, compaction, the fused error-feedback step), ``dispatch`` (which runs).
 
 References: Shi et al., "Understanding Top-k Sparsification in Distributed Deep
 Learning" (2019, arXiv:1911.08772) and Lin et al., "Deep Gradient Compression"
@@ -41,24 +44,16 @@ from __future__ import annotations
 
 import torch
 
-from gradsift._topk_exact import CHUNK, DENSE_BELOW, dense, key, raise_nan, top_mask
-from gradsift._topk_sampled import BLOCK, block_key_dtype, block_keys, sampled
-from gradsift._triton_runtime import use_triton
 from gradsift.checks import check_int, has_nan
+from gradsift.select.dispatch import use_triton
+from gradsift.select.exact import DENSE_BELOW, dense, key, raise_nan, top_mask
+from gradsift.select.sampled import sampled as sampled_topk
 
-__all__ = [
-    "BLOCK",
-    "CHUNK",
-    "block_key_dtype",
-    "block_keys",
-    "topk_from_block_keys",
-    "topk_indices",
-    "topk_mask",
-]
+__all__ = ["check_topk_args", "topk_indices", "topk_mask"]
 
 
 def topk_indices(
-    x: torch.Tensor, k: int, *, absolute: bool = True, backend: str = "torch"
+    x: torch.Tensor, k: int, *, absolute: bool = True, backend: str = "auto"
 ) -> torch.Tensor:
     """Indices of the ``k`` largest ``|x|`` (``absolute=True``) or ``x``, exactly.
 
@@ -66,8 +61,9 @@ def topk_indices(
         x: a 1-D floating tensor (float16, bfloat16, float32 or float64), CPU or CUDA.
         k: how many to select, ``1 <= k <= x.numel()`` (any integer type).
         absolute: rank by ``|x|`` (default) or by ``x``.
-        backend: ``"torch"`` (default) or ``"triton"`` (GPU kernels, opt-in; float64
-            stays on the torch path). Both give the same indices.
+        backend: ``"auto"`` (default: the GPU kernels for CUDA tensors when triton
+            imports, else the torch path), ``"torch"`` or ``"triton"``. All give the
+            same indices.
 
     Returns:
         An int64 tensor of ``k`` indices, sorted ascending. Among keys tied with the
@@ -78,20 +74,22 @@ def topk_indices(
         ValueError: ``x`` is not 1-D or is empty, ``k`` is out of range, or ``x``
             contains NaN.
         ImportError: ``backend="triton"`` without triton installed.
+
+    Synchronises with the host once (the NaN check) on every backend.
     """
     k = check_topk_args(x, k)
     x = x.contiguous()
     if use_triton(x, backend):
-        from gradsift import _topk_triton
+        from gradsift.select.triton import topk as triton_topk
 
-        return _topk_triton.topk_indices(x, k, absolute)
-    if x.device.type != "cpu" or x.numel() < DENSE_BELOW or k * 8 > x.numel():
+        return triton_topk.topk_indices(x, k, absolute)
+    if x.numel() < DENSE_BELOW or k * 8 > x.numel():
         return dense(x, k, absolute)
-    return sampled(x, k, absolute)
+    return sampled_topk(x, k, absolute)
 
 
 def topk_mask(
-    x: torch.Tensor, k: int, *, absolute: bool = True, backend: str = "torch"
+    x: torch.Tensor, k: int, *, absolute: bool = True, backend: str = "auto"
 ) -> torch.Tensor:
     """Boolean mask of the same ``k`` entries that ``topk_indices`` selects.
 
@@ -103,28 +101,13 @@ def topk_mask(
     """
     k = check_topk_args(x, k)
     if use_triton(x, backend):
-        from gradsift import _topk_triton
+        from gradsift.select.triton import topk as triton_topk
 
-        return _topk_triton.topk_mask(x.contiguous(), k, absolute)
+        return triton_topk.topk_mask(x.contiguous(), k, absolute)
     keys = key(x.contiguous(), absolute)
     if has_nan(keys):
         raise_nan(x)
     return top_mask(keys, k)
-
-
-def topk_from_block_keys(
-    x: torch.Tensor, k: int, keys: torch.Tensor, *, absolute: bool = True
-) -> torch.Tensor:
-    """``topk_indices(x, k)`` given ``keys = block_keys(x)`` computed beforehand.
-
-    Callers that produce ``x`` chunk by chunk (the error-feedback add of
-    ``gradsift.sparsify``) compute the keys of each cache-hot chunk into a slice of
-    ``keys``, then select here without reading ``x`` again.
-    """
-    k = check_topk_args(x, k)
-    if k * 8 > x.numel() or x.numel() < DENSE_BELOW:
-        return dense(x, k, absolute)
-    return sampled(x, k, absolute, keys)
 
 
 def check_topk_args(x, k) -> int:

@@ -1,4 +1,4 @@
-"""The sampled-threshold path of ``gradsift.topk``: block keys, thresholds from a
+"""The sampled-threshold path of ``gradsift.select``: block keys, thresholds from a
 fixed sample, and the compaction of the candidates at or above them (private).
 
 The sampling-threshold idea follows Shi et al., "Understanding Top-k Sparsification
@@ -13,8 +13,10 @@ from functools import partial
 
 import torch
 
-from gradsift._topk_exact import (
+from gradsift.checks import has_nan
+from gradsift.select.exact import (
     CHUNK,
+    DENSE_BELOW,
     SAMPLE,
     NaNError,
     dense,
@@ -24,7 +26,6 @@ from gradsift._topk_exact import (
     raise_nan,
     sample_positions,
 )
-from gradsift.checks import has_nan
 
 _SHIFT = 5
 BLOCK = 1 << _SHIFT  # 32 elements per block: two cache lines of float32; amax vectorises
@@ -183,13 +184,14 @@ def _direct(x: torch.Tensor, t: float, absolute: bool):
     N-sized allocation, and none that the allocator would hand back to the OS and
     page-fault in again on every chunk.
     """
-    size = min(CHUNK, x.numel())
+    chunk = CHUNK if x.device.type == "cpu" else x.numel()  # cache-sized on CPU only
+    size = min(chunk, x.numel())
     key_buf = torch.empty(size, dtype=x.dtype, device=x.device) if absolute else None
     mask_buf = torch.empty(size, dtype=torch.bool, device=x.device)
     idx, vals = [], []
-    for start in range(0, x.numel(), CHUNK):
-        chunk = x[start : start + CHUNK]
-        keys = torch.abs(chunk, out=key_buf[: chunk.numel()]) if absolute else chunk
+    for start in range(0, x.numel(), chunk):
+        part = x[start : start + chunk]
+        keys = torch.abs(part, out=key_buf[: part.numel()]) if absolute else part
         pos, v = _above(keys, t, mask_buf)
         idx.append(pos + start)
         vals.append(v)
@@ -240,10 +242,12 @@ def sampled(x: torch.Tensor, k: int, absolute: bool, keys=None) -> torch.Tensor:
     while the data is in cache) it still reads only the blocks that hold a key above
     it: for real gradients, whose large entries cluster by layer, a few percent of the
     blocks at density 0.01 (i.i.d. data would put a winner in a quarter of them).
-    Without block keys that threshold filters ``x`` directly.
+    Without block keys that threshold filters ``x`` directly, as it always does off
+    the CPU (on a GPU the sample, one masked pass and a small exact stage cost less
+    than ``torch.topk`` over everything).
     """
     try:
-        if 4 * k <= x.numel() // BLOCK:
+        if 4 * k <= x.numel() // BLOCK and (keys is not None or x.device.type == "cpu"):
             if keys is None:
                 keys = block_keys(x, absolute=absolute)
             for tk in thresholds(keys, k):
@@ -263,3 +267,18 @@ def sampled(x: torch.Tensor, k: int, absolute: bool, keys=None) -> torch.Tensor:
     except NaNError:
         raise_nan(x)
     return dense(x, k, absolute)
+
+
+def topk_from_block_keys(
+    x: torch.Tensor, k: int, keys: torch.Tensor, *, absolute: bool = True
+) -> torch.Tensor:
+    """``topk_indices(x, k)`` (arguments already checked) given ``keys = block_keys(x)``
+    computed beforehand.
+
+    Callers that produce ``x`` chunk by chunk (the error-feedback add of
+    ``gradsift.optim.error_feedback``) compute the keys of each cache-hot chunk into a
+    slice of ``keys``, then select here without reading ``x`` again.
+    """
+    if k * 8 > x.numel() or x.numel() < DENSE_BELOW:
+        return dense(x, k, absolute)
+    return sampled(x, k, absolute, keys)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["FlatBucket", "GradTracker", "build_buckets", "memory_view"]
+__all__ = ["FlatBucket", "GradTracker", "build_buckets"]
 
 
 def _dense_strides(t: torch.Tensor) -> bool:
@@ -31,11 +31,6 @@ def _dense_strides(t: torch.Tensor) -> bool:
             return False
         expected *= size
     return True
-
-
-def memory_view(t: torch.Tensor) -> torch.Tensor:
-    """``t`` as a flat vector in memory order (``t`` must have dense strides)."""
-    return t.as_strided((t.numel(),), (1,))
 
 
 class GradTracker:

@@ -29,14 +29,9 @@ import torch
 
 from gradsift.budget import Budget, check_scope
 from gradsift.checks import check_float, has_nan, nan_count
-from gradsift.topk import (
-    BLOCK,
-    CHUNK,
-    block_key_dtype,
-    block_keys,
-    topk_from_block_keys,
-    topk_indices,
-)
+from gradsift.select import topk_indices
+from gradsift.select.exact import CHUNK
+from gradsift.select.sampled import BLOCK, block_key_dtype, block_keys, topk_from_block_keys
 
 __all__ = ["Workspace", "sparsify_", "sparsify_grads_", "sparsify_tensors_"]
 
@@ -171,7 +166,7 @@ def sparsify_grads_(
     ``residuals`` (one tensor per parameter, like it), error feedback is applied:
     ``a = grad + residual``, ``grad <- top_k(a)``, ``residual <- a - top_k(a)``. With
     ``velocities`` and ``momentum_correction=m``, DGC's momentum correction too (see
-    ``gradsift.sparsify``). ``scope="layer"`` selects within each tensor.
+    ``gradsift.optim.error_feedback``). ``scope="layer"`` selects within each tensor.
 
     Returns the number of coordinates kept.
     """

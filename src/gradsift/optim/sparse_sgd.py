@@ -12,7 +12,7 @@ import torch
 from torch.optim import Optimizer
 from torch.optim import optimizer as optimizer_module
 
-from gradsift.grad_buffer import FlatBucket
+from gradsift.optim.flat_buffer import FlatBucket
 
 __all__ = ["plain_sgd", "apply_sparse_sgd_"]
 

@@ -1,4 +1,4 @@
-"""Exact selection for ``gradsift.topk``: the dense path, the exact stage over
+"""Exact selection for ``gradsift.select``: the dense path, the exact stage over
 candidates, and the k-th largest key by a sample bracket (private helpers)."""
 
 from __future__ import annotations
@@ -132,11 +132,11 @@ def _bracket(key: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     expected = k * SAMPLE / n  # sample values expected above the k-th largest
     margin = 4.0 * math.sqrt(expected * (1.0 - k / n)) + 2.0
     top, bottom = math.floor(expected - margin), math.ceil(expected + margin)
-    hi = sample[top - 1] if top >= 1 else torch.tensor(math.inf, dtype=key.dtype)
-    lo = sample[bottom] if bottom < SAMPLE else torch.tensor(-math.inf, dtype=key.dtype)
+    hi = sample[top - 1] if top >= 1 else key.new_tensor(math.inf)
+    lo = sample[bottom] if bottom < SAMPLE else key.new_tensor(-math.inf)
     if lo == -math.inf and k <= int(torch.count_nonzero(key > -math.inf)):
         # -inf marks dead entries (pruned weights): keep them out of the bracket
-        lo = torch.nextafter(torch.tensor(-math.inf, dtype=key.dtype), lo.new_tensor(0.0))
+        lo = torch.nextafter(key.new_tensor(-math.inf), key.new_tensor(0.0))
     return lo, hi
 
 

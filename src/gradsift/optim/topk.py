@@ -3,7 +3,7 @@
 Each step keeps only the ``k`` largest-magnitude gradient coordinates across the
 whole model (``scope="global"``) or within each tensor (``scope="layer"``), zeroes
 the rest, and hands the sparse gradient to any ``torch.optim`` optimizer. The maths
-(error feedback, DGC momentum correction) is ``gradsift.sparsify``'s; this class
+(error feedback, DGC momentum correction) is ``gradsift.optim.error_feedback``'s; this class
 holds the state and speaks ``torch.optim``'s protocol.
 
 Only plain SGD (no momentum, no weight decay) then changes exactly the selected
@@ -22,14 +22,14 @@ from collections import OrderedDict, defaultdict
 import torch
 from torch.optim import Optimizer
 
-from gradsift._triton_runtime import check_backend, fused_step_
 from gradsift.budget import Budget, HasBudget, check_scope
-from gradsift.grad_set import GradSet
-from gradsift.optim_state import load_own_state, state_dict_with_own
-from gradsift.sparse_sgd import apply_sparse_sgd_, plain_sgd
-from gradsift.sparsify import check_momentum_correction, sparsify_grads_
+from gradsift.optim.error_feedback import check_momentum_correction
+from gradsift.optim.grads import GradSet
+from gradsift.optim.sparse_sgd import apply_sparse_sgd_, plain_sgd
+from gradsift.optim.state_dict import load_own_state, state_dict_with_own
+from gradsift.select.dispatch import check_backend, triton_available
 
-__all__ = ["TopK", "sparsify_grads_"]
+__all__ = ["TopK"]
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +60,10 @@ class TopK(HasBudget, Optimizer):
             accumulated velocity, and zero ``u`` where a coordinate was sent (momentum
             factor masking). Needs ``error_feedback`` and an inner optimizer without
             momentum, which it replaces.
-        backend: ``"torch"`` or ``"triton"``: the step as fused GPU kernels without host
-            sync (opt-in; a non-finite gradient skips it and sets ``found_nonfinite``).
+        backend: ``"auto"`` (default: the fused GPU kernels for CUDA gradients when
+            triton imports, else the torch path), ``"torch"`` or ``"triton"``. The fused
+            step makes no host sync: a non-finite gradient skips it and sets
+            ``found_nonfinite``, a device bool tensor.
 
     Order within a step: ``loss.backward()``, optionally ``scaler.unscale_(opt)`` and
     ``clip_grad_norm_`` (these see the raw gradient), then ``opt.step()``, which adds
@@ -91,7 +93,7 @@ class TopK(HasBudget, Optimizer):
         error_feedback: bool = True,
         scope: str = "global",
         momentum_correction: float | None = None,
-        backend: str = "torch",
+        backend: str = "auto",
     ) -> None:
         if not isinstance(optimizer, Optimizer):
             raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer)}")
@@ -231,7 +233,7 @@ class TopK(HasBudget, Optimizer):
         """
         if closure is not None:
             return self._step_with_closure(closure)
-        if self.backend == "triton" and fused_step_(self):
+        if self._try_fused_step():
             return None
         selected = self._sparsify()
         full = selected is None or selected[2] >= selected[3]
@@ -245,6 +247,20 @@ class TopK(HasBudget, Optimizer):
             # until the buffer changes again, only these coordinates are non-zero
             self._grads.sparse = (self._grads.buckets[0].grad._version, selected[0])
         return None
+
+    def _try_fused_step(self) -> bool:
+        """The fused GPU step (``gradsift.select.triton.fused_step``) where the backend
+        allows it: ``"triton"``, or ``"auto"`` with CUDA gradients and triton installed.
+        False (nothing done) where it does not apply; the torch path then runs."""
+        self.found_nonfinite = None
+        if self.backend == "torch" or not self._grads.buckets:
+            return False
+        on_gpu = self._grads.buckets[0].grad.device.type == "cuda"
+        if self.backend == "auto" and not (on_gpu and triton_available()):
+            return False
+        from gradsift.select.triton.fused_step import triton_step_
+
+        return triton_step_(self)
 
     def _sparse_sgd_lrs(self) -> list[float] | None:
         """The learning rate of each parameter of the first bucket, in bucket order,

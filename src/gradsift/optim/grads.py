@@ -16,8 +16,8 @@ import torch
 
 from gradsift.budget import Budget
 from gradsift.checks import check_finite_grads
-from gradsift.grad_buffer import FlatBucket, GradTracker, build_buckets
-from gradsift.sparsify import Workspace, sparsify_, sparsify_tensors_
+from gradsift.optim.error_feedback import Workspace, sparsify_, sparsify_tensors_
+from gradsift.optim.flat_buffer import FlatBucket, GradTracker, build_buckets
 
 __all__ = ["GradSet"]
 

@@ -1,15 +1,15 @@
 """The fused ``TopK`` + error-feedback step as Triton kernels, with no host sync (private).
 
-The maths is ``gradsift.sparsify``'s, on the flat gradient ``g``, residual ``r`` and
+The maths is ``gradsift.optim.error_feedback``'s, on the flat gradient ``g``, residual ``r`` and
 (DGC) velocity ``u`` of one bucket::
 
     u' = m u + g;  a = r + u' (or r + g, or g)      computed on the fly, not stored
-    S  = top_k(|a|)                                  gradsift._topk_triton.Selection
+    S  = top_k(|a|)                                  gradsift.select.triton.topk.Selection
     r <- a, u <- u', g <- 0;  then on S: g = a, r = 0, u = 0   (write + scatter kernels)
     p -= lr * a on S                                 plain SGD, fused into the scatter
 
 The results equal the torch path's bit for bit: the same selection, the same
-roundings (see ``gradsift._triton_keys``), and the sparse SGD update rounded as
+roundings (see ``gradsift.select.triton.keys``), and the sparse SGD update rounded as
 ``Tensor.index_add_(alpha=-lr)`` rounds it (``alpha`` and the product in the dtype).
 
 **Non-finite gradients** are found on the device, the way ``GradScaler`` finds
@@ -37,10 +37,10 @@ import torch
 import triton
 import triton.language as tl
 
-from gradsift._topk_triton import Selection
-from gradsift._triton_keys import _FLAG, _TILE, FLAG, TILE, load_source, rounded
-from gradsift._triton_runtime import DTYPES
 from gradsift.checks import check_finite_grads
+from gradsift.select.dispatch import DTYPES
+from gradsift.select.triton.keys import _FLAG, _TILE, FLAG, TILE, load_source, rounded
+from gradsift.select.triton.topk import Selection
 
 __all__ = ["TritonStep", "triton_step_"]
 
