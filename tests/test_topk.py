@@ -11,6 +11,7 @@ from gradsift import topk_indices
 from gradsift.select import exact as _topk_exact
 from gradsift.select import sampled as _topk_sampled
 from gradsift.select import sampled as sel
+from gradsift.select import topk_mask
 
 FLOATS = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 
@@ -268,7 +269,7 @@ def test_sampled_path_property(n, kfrac, kind, dtype, absolute, seed):
 
 
 def check_mask(x: torch.Tensor, k: int, absolute: bool = True) -> None:
-    mask = sel.topk_mask(x, k, absolute=absolute)
+    mask = topk_mask(x, k, absolute=absolute)
     assert mask.dtype == torch.bool and int(mask.sum()) == k
     expected = torch.zeros(x.numel(), dtype=torch.bool)
     expected[reference(x, k, absolute)] = True
@@ -309,7 +310,7 @@ def test_topk_mask_bracket_fallback(monkeypatch):
     check_mask(x, 150_000)
     assert full == [x.numel()], "the bracket missed, so the whole key must be selected over"
     with pytest.raises(ValueError, match="1 NaN"):
-        sel.topk_mask(torch.tensor([1.0, float("nan")]), 1)
+        topk_mask(torch.tensor([1.0, float("nan")]), 1)
 
 
 @pytest.mark.parametrize("k", [100, 30_000])  # block path, direct path

@@ -95,7 +95,20 @@ def test_staged_path_filters_candidates(monkeypatch):
     assert sel.staged and sel.cap < sel.nblocks
     candidates = int(sel.state[TOTALS]) + int(sel.state[TOTALS + 1])
     assert 20 <= candidates <= sel.cap, "stage 1 read the candidate blocks only"
+    listed = int(sel.state[TOTALS + 2])
+    assert 20 <= listed <= sel.ecap, "stage 2 read the listed elements only"
     torch.testing.assert_close(sel.indices.cpu(), reference(x, 20), rtol=0, atol=0)
+
+
+def test_dense_fallback_when_listed_elements_overflow(monkeypatch):
+    # 20 blocks of equal top keys: the candidate blocks fit, but their 640 elements
+    # reaching the cut overflow a list of 3k: stage 2 reads everything, exactly
+    monkeypatch.setattr(_topk_triton, "LIST_SLACK", 0)
+    x = torch.randn(20_000, generator=torch.Generator().manual_seed(7)) * 0.01
+    x[32 * 100 : 32 * 120] = 1.0
+    sel = _run(x, 10)
+    assert int(sel.state[TOTALS]) <= sel.cap and int(sel.state[TOTALS + 2]) == 640 > sel.ecap
+    torch.testing.assert_close(sel.indices.cpu(), reference(x, 10), rtol=0, atol=0)
 
 
 def test_dense_fallback_when_candidates_overflow(monkeypatch):
@@ -114,13 +127,14 @@ def test_selection_reuses_buffers_and_flags_nan():
     sel = Selection()
     x = torch.randn(3000, generator=torch.Generator().manual_seed(1)).to(DEVICE)
     sel.run(x, 7)
-    buffers = (sel.indices, sel.small, sel.keys, sel.cand)
+    buffers = (sel.indices, sel.small, sel.keys, sel.cand, sel.list_idx)
     x[5] = float("nan")
     sel.run(x, 7)
     assert int(sel.state[FLAG]) == NAN_KEY and sel.found_nan()
     x[5] = 0.0
     sel.run(x, 7)
-    assert all(a is b for a, b in zip(buffers, (sel.indices, sel.small, sel.keys, sel.cand)))
+    again = (sel.indices, sel.small, sel.keys, sel.cand, sel.list_idx)
+    assert all(a is b for a, b in zip(buffers, again))
     assert not sel.found_nan(), "the flag is cleared on every run"
     torch.testing.assert_close(sel.indices.cpu(), reference(x.cpu(), 7), rtol=0, atol=0)
 
@@ -157,7 +171,7 @@ def test_larger_k_uses_finer_blocks_and_stays_staged():
 def test_one_compilation_serves_both_orders_and_every_pass():
     # pass, phase and order are run-time arguments: a second selection of another
     # order, size and k compiles nothing new (first-call cost on a GPU)
-    from gradsift.select.triton.topk import stage_kernel
+    from gradsift.select.triton.stages import stage_kernel
 
     if not hasattr(stage_kernel, "device_caches"):
         pytest.skip("the interpreter compiles nothing")

@@ -12,15 +12,16 @@ from triton.compiler import ASTSource
 
 from gradsift.select.triton.fused_step import scatter_kernel, write_kernel
 from gradsift.select.triton.keys import block_keys_kernel
-from gradsift.select.triton.topk import stage_kernel
+from gradsift.select.triton.stages import stage_kernel
 
 TARGET = GPUTarget("cuda", 90, 32)
 
 STAGE_SIG = dict(
     x_ptr="*fp32", r_ptr="*fp32", u_ptr="*fp32", m="fp32", keys_ptr="*i32",
-    cand_ptr="*i32", state_ptr="*i64", hist_ptr="*i64", counts_ptr="*i64",
-    out_ptr="*i64", val_ptr="*fp32", n="i32", nblocks="i32", cap="i32", k="i32",
-    nprog="i32", phase="i32", p="i32", absolute="i32", all_="i32",
+    cand_ptr="*i32", lidx_ptr="*i64", lval_ptr="*fp32", state_ptr="*i64", hist_ptr="*i64",
+    counts_ptr="*i64",
+    out_ptr="*i64", val_ptr="*fp32", n="i32", nblocks="i32", cap="i32", ecap="i32",
+    k="i32", nprog="i32", phase="i32", p="i32", absolute="i32", all_="i32",
 )  # fmt: skip
 
 
@@ -33,21 +34,20 @@ def compile_sm90(fn, signature: dict, constexprs: dict) -> int:
 
 
 def stage_cases():
-    # (STAGE, OUT, BLOCK, WIDE): each kind of output, both block sizes, 64-bit indices
-    for stage, out, block, wide in [(0, 0, 32, False), (1, 1, 32, False), (1, 2, 32, False),
-                                    (1, 1, 8, False), (1, 1, 32, True)]:  # fmt: skip
-        sig = STAGE_SIG | (
-            {"out_ptr": "*i32"} if out == 0 else {"out_ptr": "*u8"} if out == 2 else {}
-        )
+    # (STAGE, OUT, BLOCK, WIDE): each stage and output, both block sizes, 64-bit indices
+    cases = [(0, 1, 32, False), (1, 1, 32, False), (2, 1, 32, False), (2, 2, 32, False),
+             (1, 1, 8, False), (2, 1, 32, True)]  # fmt: skip
+    for stage, out, block, wide in cases:
+        sig = STAGE_SIG | ({"out_ptr": "*u8"} if out == 2 else {})
         if wide:
-            sig |= {"n": "i64", "nblocks": "i64", "cap": "i64", "k": "i64"}
+            sig |= {"n": "i64", "nblocks": "i64", "cap": "i64", "ecap": "i64", "k": "i64"}
         consts = dict(STAGE=stage, MODE=2, BITS=32, BLOCK=block, OUT=out, WIDE=wide)
         yield f"stage {stage}-{out}-{block}-{wide}", stage_kernel, sig, consts
 
 
 def other_cases():
     keys = dict(x_ptr="*bf16", r_ptr="*bf16", u_ptr="*bf16", m="fp32", keys_ptr="*i32")
-    keys |= dict(state_ptr="*i64", n="i32", nblocks="i32", nprog="i32", absolute="i32")
+    keys |= dict(state_ptr="*i64", n="i32", nblocks="i32", absolute="i32")
     consts = dict(MODE=2, BITS=16, BLOCK=32, WIDE=False)
     yield "block keys bf16", block_keys_kernel, keys, consts
     write = dict(x_ptr="*fp16", r_ptr="*fp16", u_ptr="*fp16", m="fp32", state_ptr="*i64", n="i32")

@@ -231,7 +231,7 @@ def _study_parsers(sub) -> None:
     b.add_argument(
         "--device",
         default="cpu",
-        help="select, step: 'cuda' times the Triton kernels on a GPU (CUDA events)",
+        help="select, step, iteration: 'cuda' times them on a GPU (CUDA events)",
     )
     b.add_argument(
         "--bandwidth",

@@ -225,7 +225,9 @@ def bench(args: argparse.Namespace) -> int:
     from gradsift.lab.bench import BENCHES
 
     run, columns = BENCHES[args.what]
-    if args.device != "cpu":
+    if args.what == "iteration":
+        run = partial(run, device=args.device)
+    elif args.device != "cpu":
         run, columns = _gpu_bench(args)
     if args.what == "ddp":
         ddp = {"model": args.model, "steps": args.steps, "batch": args.batch}

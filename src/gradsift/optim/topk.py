@@ -24,10 +24,11 @@ from torch.optim import Optimizer
 
 from gradsift.budget import Budget, HasBudget, check_scope
 from gradsift.optim.error_feedback import check_momentum_correction
+from gradsift.optim.fused import fused_step_
 from gradsift.optim.grads import GradSet
 from gradsift.optim.sparse_sgd import apply_sparse_sgd_, plain_sgd
 from gradsift.optim.state_dict import load_own_state, state_dict_with_own
-from gradsift.select.dispatch import check_backend, triton_available
+from gradsift.select.dispatch import check_backend
 
 __all__ = ["TopK"]
 
@@ -118,6 +119,9 @@ class TopK(HasBudget, Optimizer):
         self.optimizer = optimizer
         self.backend = check_backend(backend, {p.device for p in self._params()})
         self.found_nonfinite = None
+        self.fallback_steps = 0  # steps the fused GPU path did not cover
+        self._fallbacks_logged: set[str] = set()
+        self._fused = None
         self.error_feedback = bool(error_feedback)
         for name in _HOOK_DICTS:
             setattr(self, name, OrderedDict())
@@ -233,7 +237,7 @@ class TopK(HasBudget, Optimizer):
         """
         if closure is not None:
             return self._step_with_closure(closure)
-        if self._try_fused_step():
+        if fused_step_(self):
             return None
         selected = self._sparsify()
         full = selected is None or selected[2] >= selected[3]
@@ -247,20 +251,6 @@ class TopK(HasBudget, Optimizer):
             # until the buffer changes again, only these coordinates are non-zero
             self._grads.sparse = (self._grads.buckets[0].grad._version, selected[0])
         return None
-
-    def _try_fused_step(self) -> bool:
-        """The fused GPU step (``gradsift.select.triton.fused_step``) where the backend
-        allows it: ``"triton"``, or ``"auto"`` with CUDA gradients and triton installed.
-        False (nothing done) where it does not apply; the torch path then runs."""
-        self.found_nonfinite = None
-        if self.backend == "torch" or not self._grads.buckets:
-            return False
-        on_gpu = self._grads.buckets[0].grad.device.type == "cuda"
-        if self.backend == "auto" and not (on_gpu and triton_available()):
-            return False
-        from gradsift.select.triton.fused_step import triton_step_
-
-        return triton_step_(self)
 
     def _sparse_sgd_lrs(self) -> list[float] | None:
         """The learning rate of each parameter of the first bucket, in bucket order,

@@ -37,12 +37,11 @@ import torch
 import triton
 import triton.language as tl
 
-from gradsift.checks import check_finite_grads
-from gradsift.select.dispatch import DTYPES
 from gradsift.select.triton.keys import _FLAG, _TILE, FLAG, TILE, load_source, rounded
+from gradsift.select.triton.replay import Replay
 from gradsift.select.triton.topk import Selection
 
-__all__ = ["TritonStep", "triton_step_"]
+__all__ = ["FusedStep"]
 
 SCATTER = 1024  # selected coordinates per program of the scatter kernel
 _SCATTER = tl.constexpr(SCATTER)
@@ -93,26 +92,26 @@ def scatter_kernel(
         tl.store(p_ptr, rounded(p.to(tl.float32) + step.to(tl.float32), v.dtype), mask=mask)
 
 
-class TritonStep:
-    """One bucket's fused step: its ``Selection`` buffers and the parameter table
-    (data pointers, offsets, learning rates; rebuilt only when they change)."""
+class FusedStep:
+    """The fused step of one flat gradient, as a function of tensors: its
+    ``Selection`` buffers, the parameter table of the SGD apply (rebuilt only when the
+    parameters or learning rates change) and the launches replayed as a CUDA graph."""
 
-    def __init__(self, bucket) -> None:
-        self.bucket = bucket
+    def __init__(self) -> None:
         self.selection = Selection()
+        self.replay = Replay()
         self._table_key = None
         self._table = (None, None, None)
+        self._search = 0
 
-    def _parameter_table(self, lrs: list[float]):
-        params, dev = self.bucket.params, self.bucket.grad.device
-        key = (tuple(p.data_ptr() for p in params), tuple(lrs))
+    def _parameter_table(self, params, offsets: list[int], lrs: list[float], n: int, dev):
+        key = (tuple(p.data_ptr() for p in params), tuple(offsets), tuple(lrs))
         if key != self._table_key:
             search = max(1, math.ceil(math.log2(len(params))))
-            pad = (1 << search) + 1 - len(params)
-            offsets = self.bucket.offsets + [self.bucket.grad.numel()] * pad
+            padded = list(offsets) + [n] * ((1 << search) + 1 - len(params))
             host = (
                 torch.tensor(key[0], dtype=torch.int64),
-                torch.tensor(offsets, dtype=torch.int64),
+                torch.tensor(padded, dtype=torch.int64),
                 torch.tensor(lrs, dtype=torch.float32),
             )
             # pinned + non_blocking: the copy does not wait for the device
@@ -124,68 +123,37 @@ class TritonStep:
         return self._table
 
     @torch.no_grad()
-    def step_(self, k, *, residual, velocity, momentum, lrs=None):
-        """Select, update the state and (``lrs``: one per parameter) apply plain SGD."""
-        g, sel = self.bucket.grad, self.selection
-        sel.run(g, k, residual=residual, velocity=velocity, momentum=momentum)
+    def step_(self, grad, k, *, residual=None, velocity=None, momentum=0.0, params=None,
+              offsets=None, lrs=None):  # fmt: skip
+        """Select on ``a`` (see the module docstring), update ``residual``/``velocity``,
+        leave ``a`` on the selected coordinates of ``grad`` (0 elsewhere) and, with
+        ``lrs`` (one per tensor of ``params``, which start at ``offsets`` of ``grad``),
+        apply plain SGD to them. Returns the selected ``(indices, values)``."""
+        sel, n = self.selection, grad.numel()
         mode = 0 if residual is None else 2 if velocity is not None else 1
-        src = (g, residual, velocity, float(momentum), sel.state)
-        write_kernel[(triton.cdiv(g.numel(), TILE),)](
-            *src, g.numel(), MODE=mode, enable_fp_fusion=False
-        )
-        table = self._parameter_table(lrs) if lrs is not None else (None, None, None)
-        scatter_kernel[(triton.cdiv(k, SCATTER),)](
-            sel.indices, sel.values, *src[:3], sel.state, k, *table, MODE=mode,
-            APPLY=lrs is not None, SEARCH=self._search if lrs is not None else 0,
-            enable_fp_fusion=False,
-        )  # fmt: skip
+        src = (grad, residual, velocity, float(momentum))
+        table = (None, None, None)
+        if lrs is not None:
+            table = self._parameter_table(params, offsets, lrs, n, grad.device)
+        sel.prepare(grad, k, "indices")
+
+        def launch():
+            sel.run(grad, k, residual=residual, velocity=velocity, momentum=momentum)
+            write_kernel[(triton.cdiv(n, TILE),)](
+                *src, sel.state, n, MODE=mode, enable_fp_fusion=False
+            )
+            scatter_kernel[(triton.cdiv(k, SCATTER),)](
+                sel.indices, sel.values, *src[:3], sel.state, k, *table, MODE=mode,
+                APPLY=lrs is not None, SEARCH=self._search if lrs is not None else 0,
+                enable_fp_fusion=False,
+            )  # fmt: skip
+
+        states = tuple(t.data_ptr() if t is not None else 0 for t in (grad, residual, velocity))
+        self.replay((states, n, grad.dtype, k, float(momentum), self._table_key), grad.device,
+                    launch)  # fmt: skip
         return sel.indices, sel.values
 
     @property
     def found_nonfinite(self) -> torch.Tensor:
         """A 0-dim bool device tensor: whether the last step was skipped."""
         return self.selection.state[FLAG] != 0
-
-
-def _fused_bucket(opt):
-    """``(bucket, k)`` for the fused step, or None where it does not apply: several
-    buckets, ``scope="layer"``, a gradient missing or outside the buckets, float64,
-    or every coordinate kept (the inner optimizer's dense step then runs)."""
-    grads = opt._grads
-    if grads.stale() or len(grads.buckets) != 1 or opt.scope != "global":
-        return None
-    b = grads.buckets[0]
-    outside = any(p.grad is not None and id(p) not in grads.ids for p in opt._params())
-    if outside or b.grad.dtype not in DTYPES or not all(b.present(grads.tracker.touched)):
-        return None
-    k = opt.budget.resolve(b.grad.numel())
-    if k >= b.grad.numel() or not b.attach_grads_():
-        return None
-    return b, k
-
-
-def triton_step_(opt) -> bool:
-    """``TopK.step`` for ``backend="triton"``: False (nothing done) where the fused
-    path does not apply (``_fused_bucket``), and the caller runs the torch path."""
-    opt.found_nonfinite = None
-    fused = _fused_bucket(opt)
-    if fused is None:
-        return False
-    b, k = fused
-    if getattr(opt, "_triton_step", None) is None or opt._triton_step.bucket is not b:
-        opt._triton_step = TritonStep(b)
-    lrs = opt._sparse_sgd_lrs()
-    opt._triton_step.step_(
-        k,
-        residual=b.state.get("residual"),
-        velocity=b.state.get("momentum"),
-        momentum=opt.momentum_correction or 0.0,
-        lrs=lrs,
-    )
-    opt.found_nonfinite = opt._triton_step.found_nonfinite
-    if lrs is None:
-        if bool(opt.found_nonfinite):  # the one host sync of this case
-            check_finite_grads(b.params, [b.grad], opt._name)
-            raise ValueError("the error-feedback sum holds NaN; nothing was modified")
-        opt.optimizer.step()
-    return True

@@ -23,8 +23,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from gradsift.select.triton.radix import program_range
-
 __all__ = ["TILE", "block_keys_kernel", "flags_of", "load_source", "order_key", "rounded"]
 
 TILE = 4096  # elements (or block keys) per tile: a few KiB of keys in registers
@@ -106,24 +104,24 @@ def flags_of(a, g, mask, MODE: tl.constexpr):
     return flags.to(tl.int64)
 
 
-@triton.jit(do_not_specialize=["n", "nblocks", "nprog", "absolute", "m"])
+@triton.jit(do_not_specialize=["n", "nblocks", "absolute", "m"])
 def block_keys_kernel(
-    x_ptr, r_ptr, u_ptr, m, keys_ptr, state_ptr, n, nblocks, nprog, absolute,
+    x_ptr, r_ptr, u_ptr, m, keys_ptr, state_ptr, n, nblocks, absolute,
     MODE: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr, WIDE: tl.constexpr,
 ):  # fmt: skip
     """The largest key of each block of ``BLOCK`` elements (the last one padded), and
-    the flags: the one pass over every element when block keys are used."""
+    the flags: the one pass over every element when block keys are used. One tile per
+    program (a streaming read wants many programs in flight, not a loop)."""
     rows_per: tl.constexpr = _TILE // BLOCK
-    start, end = program_range(tl.cdiv(nblocks, rows_per), nprog)
-    flags = tl.full([], 0, tl.int64)
-    for t in range(start, end):
-        base = t.to(tl.int64) * rows_per if WIDE else t * rows_per
-        rows = base + tl.arange(0, rows_per)
-        idx = rows[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]
-        mask = idx < n
-        a, _, g = load_source(x_ptr, r_ptr, u_ptr, m, idx, mask, MODE)
-        key = tl.where(mask, order_key(a, absolute, BITS), 0)
-        top = tl.max(key, 1).to(tl.int32, bitcast=True)
-        tl.store(keys_ptr + rows, top, mask=rows < nblocks)
-        flags = flags | flags_of(a, g, mask, MODE)
-    tl.atomic_or(state_ptr + _FLAG, flags)
+    t = tl.program_id(0)
+    base = t.to(tl.int64) * rows_per if WIDE else t * rows_per
+    rows = base + tl.arange(0, rows_per)
+    idx = rows[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]
+    mask = idx < n
+    a, _, g = load_source(x_ptr, r_ptr, u_ptr, m, idx, mask, MODE)
+    key = tl.where(mask, order_key(a, absolute, BITS), 0)
+    top = tl.max(key, 1).to(tl.int32, bitcast=True)
+    tl.store(keys_ptr + rows, top, mask=rows < nblocks)
+    flags = flags_of(a, g, mask, MODE)
+    if flags != 0:  # rare: no atomic traffic on finite data
+        tl.atomic_or(state_ptr + _FLAG, flags)

@@ -37,137 +37,27 @@ radix passes over a small remainder; here with deterministic lowest-index ties.
 from __future__ import annotations
 
 import functools
+from collections import OrderedDict
 
 import torch
 import triton
-import triton.language as tl
 
 from gradsift.select.exact import raise_nan
 from gradsift.select.triton.keys import (
-    _FLAG,
-    _TOTALS,
     FLAG,
     NAN_KEY,
     TILE,
     block_keys_kernel,
-    flags_of,
 )
-from gradsift.select.triton.radix import histogram, program_range, resolve
-from gradsift.select.triton.tiles import domain, tile
+from gradsift.select.triton.replay import Replay
+from gradsift.select.triton.stages import MAX_PROGRAMS, STAGE0_PASSES, stage_kernel
 
-__all__ = ["Selection", "stage_kernel", "topk_indices", "topk_mask", "warmup"]
+__all__ = ["Selection", "topk_indices", "topk_mask", "warmup"]
 
 SLACK = 1024  # candidate blocks beyond 2k: room for ties among block keys
+LIST_SLACK = 4096  # listed elements beyond 3k
 PROGRAMS_PER_SM = 8  # resident programs per multiprocessor for the streaming passes
-MAX_PROGRAMS = 2048  # the count arrays every program reads in the write phase
-_MAX_PROGRAMS = tl.constexpr(MAX_PROGRAMS)
-STAGE0_PASSES = 2  # radix passes over block keys: a 16-bit prefix is filter enough
-_STAGE0_PASSES = tl.constexpr(STAGE0_PASSES)
 _STATE = 8  # int64 slots: flags, then (above, ties) totals of each stage
-_NOSPEC = ["n", "nblocks", "cap", "k", "nprog", "phase", "p", "absolute", "all_", "m"]
-
-
-@triton.jit
-def _histogram_phase(
-    x_ptr, r_ptr, u_ptr, m, keys_ptr, cand_ptr, state_ptr, hist_ptr, n, nblocks, count,
-    dense, start, end, v, p, absolute, all_, STAGE: tl.constexpr, MODE: tl.constexpr,
-    BITS: tl.constexpr, BLOCK: tl.constexpr, WIDE: tl.constexpr,
-):  # fmt: skip
-    """Add this program's histogram of digit ``p`` to the stage's; stage 1 of an
-    unstaged selection also raises the flags (no block-key pass read the data)."""
-    acc = tl.zeros([256], dtype=tl.int32)
-    flags = tl.full([], 0, tl.int64)
-    for t in range(start, end):
-        key, pos, valid, value, g = tile(
-            t, x_ptr, r_ptr, u_ptr, m, keys_ptr, cand_ptr, n, nblocks, count, dense,
-            absolute, STAGE, MODE, BITS, BLOCK, WIDE,
-        )  # fmt: skip
-        acc += histogram(key, valid, v, p, BITS)
-        if STAGE == 1:
-            flags = flags | flags_of(value, g, valid, MODE)
-    tl.atomic_add(hist_ptr + p * 256 + tl.arange(0, 256), acc.to(tl.int64))
-    if STAGE == 1:
-        tl.atomic_or(state_ptr + _FLAG, tl.where(all_ != 0, flags, 0))
-
-
-@triton.jit
-def _compact_phase(
-    x_ptr, r_ptr, u_ptr, m, keys_ptr, cand_ptr, state_ptr, counts_ptr, out_ptr, val_ptr,
-    n, nblocks, cap, nprog, count, dense, start, end, v, need, phase, absolute,
-    STAGE: tl.constexpr, MODE: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr,
-    OUT: tl.constexpr, WIDE: tl.constexpr,
-):  # fmt: skip
-    """Phase 1: this program's counts of keys above and at the cut. Phase 2: its
-    exclusive prefix from every program's counts, then its chosen keys in order."""
-    pid = tl.program_id(0)
-    progs = tl.arange(0, _MAX_PROGRAMS)
-    if phase == 1:
-        carry_above = tl.full([], 0, tl.int64)
-        carry_ties = tl.full([], 0, tl.int64)
-    else:
-        above_all = tl.load(counts_ptr + 2 * progs, mask=progs < nprog, other=0)
-        ties_all = tl.load(counts_ptr + 2 * progs + 1, mask=progs < nprog, other=0)
-        carry_above = tl.sum(tl.where(progs < pid, above_all, 0), 0)
-        carry_ties = tl.sum(tl.where(progs < pid, ties_all, 0), 0)
-        if pid == 0:
-            tl.store(state_ptr + _TOTALS + 2 * STAGE, tl.sum(above_all, 0))
-            tl.store(state_ptr + _TOTALS + 2 * STAGE + 1, tl.sum(ties_all, 0))
-    for t in range(start, end):
-        key, pos, valid, value, g = tile(
-            t, x_ptr, r_ptr, u_ptr, m, keys_ptr, cand_ptr, n, nblocks, count, dense,
-            absolute, STAGE, MODE, BITS, BLOCK, WIDE,
-        )  # fmt: skip
-        if STAGE == 0:  # every block reaching the 16-bit prefix is a candidate
-            above = (valid & (key >= v)).to(tl.int32)
-            tie = tl.zeros_like(above)
-        else:
-            above = (valid & (key > v)).to(tl.int32)
-            tie = (valid & (key == v)).to(tl.int32)
-        if phase == 2:
-            before = tl.cumsum(above, 0) - above + carry_above
-            rank = tl.cumsum(tie, 0) - tie + carry_ties
-            if STAGE == 0:
-                tl.store(out_ptr + before, pos.to(tl.int32), mask=(above > 0) & (before < cap))
-            else:
-                chosen = (above > 0) | ((tie > 0) & (rank < need))
-                dst = before + tl.minimum(rank, need)
-                if OUT == 1:
-                    tl.store(out_ptr + dst, pos.to(tl.int64), mask=chosen)
-                    tl.store(val_ptr + dst, value, mask=chosen)
-                else:
-                    tl.store(out_ptr + pos, chosen.to(tl.int8), mask=valid)
-        carry_above += tl.sum(above, 0)
-        carry_ties += tl.sum(tie, 0)
-    if phase == 1:
-        tl.store(counts_ptr + 2 * pid, carry_above)
-        tl.store(counts_ptr + 2 * pid + 1, carry_ties)
-
-
-@triton.jit(do_not_specialize=_NOSPEC)
-def stage_kernel(
-    x_ptr, r_ptr, u_ptr, m, keys_ptr, cand_ptr, state_ptr, hist_ptr, counts_ptr,
-    out_ptr, val_ptr, n, nblocks, cap, k, nprog, phase, p, absolute, all_,
-    STAGE: tl.constexpr, MODE: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr,
-    OUT: tl.constexpr, WIDE: tl.constexpr,
-):  # fmt: skip
-    """One launch of a stage over its tiles. ``phase`` 0: histogram of digit ``p``;
-    1: count keys above and at the cut per program; 2: write the chosen ones in
-    order (OUT 0: candidate blocks; 1: indices and values; 2: a mask)."""
-    npass = _STAGE0_PASSES if STAGE == 0 else BITS // 8
-    v, need = resolve(hist_ptr, k, tl.where(phase == 0, p, npass), BITS)
-    tiles, count, dense = domain(state_ptr, nblocks, cap, all_, STAGE, BLOCK)
-    start, end = program_range(tiles, nprog)
-    if phase == 0:
-        _histogram_phase(
-            x_ptr, r_ptr, u_ptr, m, keys_ptr, cand_ptr, state_ptr, hist_ptr, n, nblocks,
-            count, dense, start, end, v, p, absolute, all_, STAGE, MODE, BITS, BLOCK, WIDE,
-        )  # fmt: skip
-    else:
-        _compact_phase(
-            x_ptr, r_ptr, u_ptr, m, keys_ptr, cand_ptr, state_ptr, counts_ptr, out_ptr,
-            val_ptr, n, nblocks, cap, nprog, count, dense, start, end, v, need, phase,
-            absolute, STAGE, MODE, BITS, BLOCK, OUT, WIDE,
-        )  # fmt: skip
 
 
 @functools.cache
@@ -188,7 +78,8 @@ class Selection:
     def __init__(self) -> None:
         self._shape = None
 
-    def _prepare(self, x: torch.Tensor, k: int, out: str) -> None:
+    def prepare(self, x: torch.Tensor, k: int, out: str) -> None:
+        """Allocate the buffers for this shape (nothing when it is the last one's)."""
         shape = (x.numel(), k, x.dtype, x.device, out)
         if shape == self._shape:
             return
@@ -201,6 +92,7 @@ class Selection:
         self.nblocks = nb = triton.cdiv(n, self.block)
         self.staged = out != "mask" and 4 * k <= nb
         self.cap = min(nb, 2 * k + SLACK) if self.staged else nb
+        self.ecap = min(n, 3 * k + LIST_SLACK) if self.staged else 0
         self.nprog = min(_programs(dev), max(1, triton.cdiv(n, TILE)))
         self.small = torch.zeros(_STATE + 2 * 4 * 256, dtype=torch.int64, device=dev)
         self.state, hist = self.small[:_STATE], self.small[_STATE:]
@@ -208,6 +100,8 @@ class Selection:
         self.counts = torch.empty(2 * MAX_PROGRAMS, dtype=torch.int64, device=dev)
         self.keys = torch.empty(nb if self.staged else 0, dtype=torch.int32, device=dev)
         self.cand = torch.empty(self.cap if self.staged else 0, dtype=torch.int32, device=dev)
+        self.list_idx = torch.empty(self.ecap, dtype=torch.int64, device=dev)
+        self.list_val = torch.empty(self.ecap, dtype=x.dtype, device=dev)
         if out == "mask":
             self.mask = torch.empty(n, dtype=torch.uint8, device=dev)
         else:
@@ -222,27 +116,31 @@ class Selection:
         of the error-feedback sum ``a`` (see ``gradsift.select.triton.keys``), writing
         nothing but this object's buffers. ``x`` and the states: flat, contiguous, one
         dtype."""
-        self._prepare(x, k, out)
+        self.prepare(x, k, out)
         mode = 0 if residual is None else 2 if velocity is not None else 1
         src = (x, residual, velocity, float(momentum))
         self.small.zero_()
         consts = dict(MODE=mode, BITS=self.bits, BLOCK=self.block, WIDE=self.wide)
         n, absolute = x.numel(), int(bool(absolute))
-        if self.staged:
-            block_keys_kernel[(self.nprog,)](
-                *src, self.keys, self.state, n, self.nblocks, self.nprog, absolute,
-                **consts, enable_fp_fusion=False,
-            )  # fmt: skip
-            self._stage(0, src, k, absolute, STAGE0_PASSES, 0, (self.cand, None), consts)
         outs = (self.mask, None) if out == "mask" else (self.indices, self.values)
-        out_kind = 2 if out == "mask" else 1
-        self._stage(1, src, k, absolute, self.bits // 8, out_kind, outs, consts)
+        if self.staged:
+            rows = TILE // self.block
+            block_keys_kernel[(triton.cdiv(self.nblocks, rows),)](
+                *src, self.keys, self.state, n, self.nblocks, absolute, **consts,
+                enable_fp_fusion=False,
+            )  # fmt: skip
+            self._stage(0, src, k, absolute, range(STAGE0_PASSES), outs, consts)
+            self._stage(1, src, k, absolute, (), outs, consts)
+        passes = range(self.bits // 8)
+        self._stage(2, src, k, absolute, passes, outs, consts, 2 if out == "mask" else 1)
 
-    def _stage(self, stage, src, k, absolute, passes, out_kind, outs, consts):
-        args = (*src, self.keys, self.cand, self.state, self.hist[stage], self.counts, *outs)
-        sizes = (src[0].numel(), self.nblocks, self.cap, k, self.nprog)
+    def _stage(self, stage, src, k, absolute, passes, outs, consts, out_kind=1):
+        hist = self.hist[stage // 2]
+        lists = (self.list_idx, self.list_val)
+        args = (*src, self.keys, self.cand, *lists, self.state, hist, self.counts, *outs)
+        sizes = (src[0].numel(), self.nblocks, self.cap, self.ecap, k, self.nprog)
         all_ = int(not self.staged)
-        for phase, p in [(0, p) for p in range(passes)] + [(1, passes), (2, passes)]:
+        for phase, p in [(0, p) for p in passes] + [(1, len(passes)), (2, len(passes))]:
             stage_kernel[(self.nprog,)](
                 *args, *sizes, phase, p, absolute, all_, STAGE=stage, OUT=out_kind,
                 **consts, enable_fp_fusion=False,
@@ -253,22 +151,36 @@ class Selection:
         return bool(int(self.state[FLAG]) & NAN_KEY)
 
 
-def topk_indices(x: torch.Tensor, k: int, absolute: bool) -> torch.Tensor:
-    """``gradsift.topk_indices`` on the Triton kernels (arguments already checked)."""
-    sel = Selection()
-    sel.run(x, k, absolute=absolute)
+_CACHED = OrderedDict()  # (input, k, order, output) -> (Selection, Replay), latest last
+MAX_CACHED = 4  # selections whose buffers (about N / 6 bytes each) are kept
+
+
+def _selected(x: torch.Tensor, k: int, absolute: bool, out: str) -> Selection:
+    """Run the selection of ``x``, reusing the buffers and the captured launches of
+    the last calls with the same input (address, size, dtype), ``k`` and order."""
+    key = (x.data_ptr(), x.numel(), x.dtype, x.device, k, bool(absolute), out)
+    if key in _CACHED:
+        _CACHED.move_to_end(key)
+    else:
+        _CACHED[key] = (Selection(), Replay())
+        if len(_CACHED) > MAX_CACHED:
+            _CACHED.popitem(last=False)
+    sel, replay = _CACHED[key]
+    sel.prepare(x, k, out)
+    replay(key, x.device, lambda: sel.run(x, k, absolute=absolute, out=out))
     if sel.found_nan():
         raise_nan(x)
-    return sel.indices
+    return sel
+
+
+def topk_indices(x: torch.Tensor, k: int, absolute: bool) -> torch.Tensor:
+    """``gradsift.topk_indices`` on the Triton kernels (arguments already checked)."""
+    return _selected(x, k, absolute, "indices").indices.clone()
 
 
 def topk_mask(x: torch.Tensor, k: int, absolute: bool) -> torch.Tensor:
     """``gradsift.topk_mask`` on the Triton kernels (arguments already checked)."""
-    sel = Selection()
-    sel.run(x, k, absolute=absolute, out="mask")
-    if sel.found_nan():
-        raise_nan(x)
-    return sel.mask.view(torch.bool)
+    return _selected(x, k, absolute, "mask").mask.clone().view(torch.bool)
 
 
 def warmup(device="cuda", dtypes=(torch.float16, torch.bfloat16, torch.float32)) -> None:
