@@ -5,11 +5,10 @@
 set -uo pipefail
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 export PYTHONPATH=src:tests PYTHONUNBUFFERED=1
-parts=${*:-probe tests cold select step}
-for part in $parts; do
+[ $# -eq 0 ] && set -- tests cold select step iteration
+for part in "$@"; do
   echo "=== $part $(date +%T)"
   case $part in
-    probe) timeout 120 python3 tools/gpu_probe.py 2>&1 | tee "$OUT/probe.log" | grep -v "^  hist" ;;
     tests) timeout 400 python3 -m pytest -q -x -p no:cacheprovider tests/test_topk_triton.py \
              tests/test_sparsify_triton.py tests/gpu 2>&1 | tee "$OUT/tests.log" | tail -25 ;;
     cold) for dt in float32 bfloat16 float16; do
@@ -22,6 +21,11 @@ print(f'cold first call $dt: {t1 - t:.2f} s; first call at k=1%: {time.perf_coun
 " 2>&1 | tee -a "$OUT/cold.log"; done ;;
     select) timeout 300 python3 -m gradsift bench select --device cuda 2>&1 | tee "$OUT/select.log" ;;
     step) timeout 300 python3 -m gradsift bench step --device cuda 2>&1 | tee "$OUT/step.log" ;;
+    iteration) timeout 300 python3 -m gradsift bench iteration --device cuda --repeats 15 2>&1 \
+             | tee "$OUT/iteration.log" ;;
+    quicktests) timeout 300 python3 -m pytest -q -x -p no:cacheprovider tests/gpu \
+             tests/test_topk_triton.py tests/test_sparsify_triton.py -k "not property" 2>&1 \
+             | tee "$OUT/tests.log" | tail -25 ;;
     *) timeout 300 bash -c "$part" 2>&1 | tee -a "$OUT/extra.log" ;;
   esac
 done

@@ -72,3 +72,31 @@ def test_torch_path_on_cuda_is_exact(absolute):
         got = topk_indices(x, k, absolute=absolute, backend="torch")
         want = topk_indices(x.cpu(), k, absolute=absolute)
         torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0)
+
+
+def test_histogram_helper_on_a_tile_reshaped_from_2d():
+    # the root cause of the signed-selection bug on triton 3.6 / sm_90: tl.histogram's
+    # mask= paired with the wrong lanes of a tile reshaped from 2-D (12 of 16 valid
+    # keys landed in bin 0). gradsift's helper never passes mask=; it must count
+    # exactly on such a tile too.
+    import triton
+    import triton.language as tl
+
+    from gradsift.select.triton.radix import histogram
+
+    @triton.jit
+    def kernel(d_ptr, n, out_ptr):
+        idx = tl.arange(0, 128)[:, None] * 32 + tl.arange(0, 32)[None, :]
+        valid2 = idx < n
+        d2 = tl.load(d_ptr + idx, mask=valid2, other=0).to(tl.uint32)
+        key = tl.reshape(d2 << 24, (4096,))
+        valid = tl.reshape(valid2, (4096,))
+        tl.store(out_ptr + tl.arange(0, 256), histogram(key, valid, 0, 0, 32))
+
+    gen = torch.Generator().manual_seed(5)
+    for n in (16, 1000, 4096):
+        d = torch.randint(1, 256, (4096,), generator=gen, dtype=torch.int32)
+        out = torch.zeros(256, dtype=torch.int32, device="cuda")
+        kernel[(1,)](d.cuda(), n, out)
+        expected = torch.bincount(d[:n].long(), minlength=256).int()
+        torch.testing.assert_close(out.cpu(), expected, rtol=0, atol=0)

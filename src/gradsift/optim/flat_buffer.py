@@ -71,6 +71,7 @@ class FlatBucket:
     offsets: list[int] = field(default_factory=list)
 
     zero_version: int = -1  # ``grad._version`` when last zeroed (nothing written since)
+    _views: list | None = field(default=None, repr=False)
 
     def view(self, flat: torch.Tensor, i: int) -> torch.Tensor:
         """The slice of ``flat`` that belongs to ``params[i]``, shaped like it, with its
@@ -84,13 +85,20 @@ class FlatBucket:
 
     def owns_grad(self, i: int) -> bool:
         """Whether ``params[i].grad`` is still the view into ``self.grad``."""
-        g, p = self.params[i].grad, self.params[i]
+        g = self.params[i].grad
+        if self._views is None:  # (address, shape, strides) of each view, computed once
+            size = self.grad.element_size()
+            self._views = [
+                (self.grad.data_ptr() + o * size, q.shape, self.view(self.grad, j).stride())
+                for j, (q, o) in enumerate(zip(self.params, self.offsets))
+            ]
+        ptr, shape, stride = self._views[i]
         return (
             g is not None
             and g.layout == torch.strided
-            and g.data_ptr() == self.grad.data_ptr() + self.offsets[i] * self.grad.element_size()
-            and g.shape == p.shape
-            and g.stride() == self.view(self.grad, i).stride()
+            and g.data_ptr() == ptr
+            and g.shape == shape
+            and g.stride() == stride
         )
 
     def present(self, touched: set[int]) -> list[bool]:

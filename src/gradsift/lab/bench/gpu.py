@@ -10,7 +10,7 @@ on a GPU, timed with CUDA events (medians).
   float32 normal data, N = 11.7M, 25M, 100M, 1B, k = 0.1% and 1% of N.
 - step: ``TopK(SGD)`` + error feedback with ``backend="triton"`` vs the torch backend
   vs dense ``SGD(foreach=True)`` and ``SGD(fused=True)``, on ResNet-18's shapes
-  (11.7M) and on 8 equal tensors at larger N.
+  (11.7M) and on 8 equal tensors at 25M, 100M and 1B.
 
 ``device`` may also be ``"cpu"`` with ``TRITON_INTERPRET=1`` (the tests run it so, on
 tiny sizes, to check the rows); such times mean nothing.
@@ -136,13 +136,13 @@ def _step_models(sizes) -> list[list[tuple[int, ...]]]:
     """Parameter shapes to step: by default ResNet-18's, then 8 equal tensors at each
     larger N of ``SIZES``; for given ``sizes``, 8 equal tensors each."""
     if sizes is None:
-        return [resnet18_shapes(), *([(n // 8,)] * 8 for n in SIZES[1:])]
+        return [resnet18_shapes(), *([(n // 8,)] * 8 for n in SELECT_SIZES[1:])]
     return [[(n // 8,)] * 8 for n in sizes]
 
 
 def _steppers(shapes, density, dev, gen):
     """name -> (params, optimizer), each on its own copy of the same parameters."""
-    start = [torch.randn(s, generator=gen).to(dev) for s in shapes]
+    start = [torch.randn(s, generator=gen, device=gen.device).to(dev) for s in shapes]
 
     def params():
         return [torch.nn.Parameter(p.clone()) for p in start]
@@ -163,10 +163,10 @@ def _steppers(shapes, density, dev, gen):
 def bench_step_gpu(sizes=None, repeats: int = 15, device: str = "cuda", seed: int = 0):
     """One row per (N, density); the gradient is refilled (untimed) before each step."""
     dev = require_cuda(device)
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device=dev).manual_seed(seed)
     rows = []
     for shapes in _step_models(sizes):
-        grads = [torch.randn(s, generator=gen).to(dev) for s in shapes]
+        grads = [torch.randn(s, generator=gen, device=dev) for s in shapes]
         for density in DENSITIES:
             row = {"n": sum(g.numel() for g in grads), "density": density}
             row["k"] = resolve_k(row["n"], density=density)

@@ -93,7 +93,7 @@ class Selection:
         self.staged = out != "mask" and 4 * k <= nb
         self.cap = min(nb, 2 * k + SLACK) if self.staged else nb
         self.ecap = min(n, 3 * k + LIST_SLACK) if self.staged else 0
-        self.nprog = min(_programs(dev), max(1, triton.cdiv(n, TILE)))
+        self.nprog = self._grids(n, dev)
         self.small = torch.zeros(_STATE + 2 * 4 * 256, dtype=torch.int64, device=dev)
         self.state, hist = self.small[:_STATE], self.small[_STATE:]
         self.hist = (hist[:1024], hist[1024:])
@@ -108,6 +108,20 @@ class Selection:
             self.indices = torch.empty(k, dtype=torch.int64, device=dev)
             self.values = torch.empty(k, dtype=x.dtype, device=dev)
         self._shape = shape
+
+    def _grids(self, n: int, dev) -> tuple[int, int, int]:
+        """Programs of each stage: as many as its tiles when its buffers hold (no
+        program idles through a launch), at least one per multiprocessor for the
+        dense fallback, at most ``_programs``."""
+        most = _programs(dev)
+        floor = max(1, most // PROGRAMS_PER_SM)
+        if not self.staged:
+            return (1, 1, min(most, max(1, triton.cdiv(n, TILE))))
+        return (
+            min(most, triton.cdiv(self.nblocks, TILE)),
+            min(most, max(floor, triton.cdiv(self.cap * self.block, TILE))),
+            min(most, max(floor, triton.cdiv(self.ecap, TILE))),
+        )
 
     def run(
         self, x, k, *, absolute=True, residual=None, velocity=None, momentum=0.0, out="indices"
@@ -138,10 +152,11 @@ class Selection:
         hist = self.hist[stage // 2]
         lists = (self.list_idx, self.list_val)
         args = (*src, self.keys, self.cand, *lists, self.state, hist, self.counts, *outs)
-        sizes = (src[0].numel(), self.nblocks, self.cap, self.ecap, k, self.nprog)
+        nprog = self.nprog[stage]
+        sizes = (src[0].numel(), self.nblocks, self.cap, self.ecap, k, nprog)
         all_ = int(not self.staged)
         for phase, p in [(0, p) for p in passes] + [(1, len(passes)), (2, len(passes))]:
-            stage_kernel[(self.nprog,)](
+            stage_kernel[(nprog,)](
                 *args, *sizes, phase, p, absolute, all_, STAGE=stage, OUT=out_kind,
                 **consts, enable_fp_fusion=False,
             )  # fmt: skip
