@@ -85,18 +85,19 @@ def test_histogram_helper_on_a_tile_reshaped_from_2d():
     from gradsift.select.triton.radix import histogram
 
     @triton.jit
-    def kernel(d_ptr, n, out_ptr):
+    def kernel(d_ptr, n, p, out_ptr):
         idx = tl.arange(0, 128)[:, None] * 32 + tl.arange(0, 32)[None, :]
         valid2 = idx < n
         d2 = tl.load(d_ptr + idx, mask=valid2, other=0).to(tl.uint32)
         key = tl.reshape(d2 << 24, (4096,))
         valid = tl.reshape(valid2, (4096,))
-        tl.store(out_ptr + tl.arange(0, 256), histogram(key, valid, 0, 0, 32))
+        prefix = tl.full([], 0, tl.uint32)
+        tl.store(out_ptr + tl.arange(0, 256), histogram(key, valid, prefix, p, 32))
 
     gen = torch.Generator().manual_seed(5)
     for n in (16, 1000, 4096):
         d = torch.randint(1, 256, (4096,), generator=gen, dtype=torch.int32)
         out = torch.zeros(256, dtype=torch.int32, device="cuda")
-        kernel[(1,)](d.cuda(), n, out)
+        kernel[(1,)](d.cuda(), n, 0, out)
         expected = torch.bincount(d[:n].long(), minlength=256).int()
         torch.testing.assert_close(out.cpu(), expected, rtol=0, atol=0)
