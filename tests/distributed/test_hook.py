@@ -92,6 +92,23 @@ def test_a_rank_with_another_models_state_fails_every_rank_at_once():
         assert seconds < 10, (rank, seconds)
 
 
+def test_loading_rank_0s_state_on_rank_1_fails_every_rank_at_once():
+    results = run_two(dist_workers.another_ranks_state, "rank 0's")
+    for rank, message, seconds, names in results:
+        assert names == (rank, 2), names  # the saved state names its rank and world size
+        assert "ValueError" in message and "saved by rank 0" in message, (rank, message)
+        assert "rank(s) [1]" in message, (rank, message)
+        assert seconds < 10, (rank, seconds)
+
+
+def test_a_state_of_another_world_size_fails_every_rank_unless_resharded():
+    for rank, message, seconds, _ in run_two(dist_workers.another_ranks_state, "world 4"):
+        assert "ValueError" in message and "world size 4" in message, (rank, message)
+        assert "reshard=True" in message and seconds < 10, (rank, message)
+    for rank, message, _, _ in run_two(dist_workers.another_ranks_state, "reshard"):
+        assert message == "no error", (rank, message)
+
+
 def test_a_rank_that_raises_fails_the_other_with_an_error():
     [(rank, message, seconds)] = run_two(dist_workers.raises, expect=1)
     assert rank == 0 and message != "no error" and seconds < 60, message
