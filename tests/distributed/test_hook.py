@@ -145,3 +145,18 @@ def test_hook_on_one_rank_equals_the_topk_wrapper(one_rank):
             opt.step()
     for p, q in zip(a.parameters(), b.parameters()):
         torch.testing.assert_close(p, q, rtol=0, atol=1e-15)
+
+
+def test_hook_k_larger_than_the_model_is_an_error_naming_both_numbers(one_rank):
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel
+
+    from gradsift.distributed import TopKHookState, topk_hook
+
+    model = dist_workers.small_model()
+    n = sum(p.numel() for p in model.parameters())
+    ddp = DistributedDataParallel(model)
+    ddp.register_comm_hook(TopKHookState(k=10**9, start_iter=0), topk_hook)
+    x, y = dist_workers.batch(0, 0)
+    with pytest.raises(ValueError, match=rf"k=1000000000 .* the model's {n} coordinates"):
+        nn.functional.cross_entropy(ddp(x), y).backward()
