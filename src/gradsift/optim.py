@@ -96,11 +96,7 @@ class TopK(HasBudget, Optimizer):
         if not isinstance(optimizer, Optimizer):
             raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer)}")
         if isinstance(optimizer, TopK):
-            raise TypeError(
-                "optimizer is already a TopK: wrap the inner optimizer once, "
-                "TopK(torch.optim.SGD(...), k=...); two selections in a row would keep the "
-                "smaller budget and two error-feedback memories"
-            )
+            raise TypeError("optimizer is already a TopK: wrap the inner optimizer once")
         if isinstance(optimizer, torch.optim.SparseAdam):
             raise TypeError(
                 "TopK cannot wrap SparseAdam: the top-k selection reads every coordinate, so "
@@ -122,9 +118,8 @@ class TopK(HasBudget, Optimizer):
         self.optimizer = optimizer
         if not any(p.requires_grad for p in self._params()):
             raise ValueError(
-                f"optimizer has no trainable parameter ({len(self._params())} parameters, "
-                "none with requires_grad=True): TopK would never select anything; build the "
-                "optimizer over the parameters you train"
+                f"optimizer has no trainable parameter (none of its {len(self._params())} "
+                "has requires_grad=True): build it over the parameters you train"
             )
         self.backend = check_backend(backend, {p.device for p in self._params()})
         self.found_nonfinite = None
@@ -181,7 +176,9 @@ class TopK(HasBudget, Optimizer):
         touched = {id(p) for p in trainable if p.grad is not None}
         if getattr(self, "_grads", None) is not None:
             touched = self._grads.close()
-        self._check_k(trainable)
+        if trainable:  # k beyond what one selection sees: an error, not a dense step
+            n = (sum if self.scope == "global" else max)(p.numel() for p in trainable)
+            self.budget.check_fits(n, f"the {n} trainable coordinates ({self.scope} scope)")
         self._grads = GradSet(trainable, self._state_names(), touched)
         self._contiguous = all(p.is_contiguous() for p in trainable)
         for b in self._grads.buckets:
@@ -190,22 +187,6 @@ class TopK(HasBudget, Optimizer):
                     self.state[p][name] = b.view(flat, i)
                     if name in old.get(p, {}):
                         self.state[p][name].copy_(old[p][name])
-
-    def _check_k(self, trainable: list[torch.Tensor]) -> None:
-        """``k`` larger than what it selects from would make every step dense."""
-        if self.budget.k is None or not trainable:
-            return
-        if self.scope == "global":
-            n = sum(p.numel() for p in trainable)
-            what = f"the {n} trainable coordinates of the optimizer's parameters"
-        else:
-            n = max(p.numel() for p in trainable)
-            what = f"the largest trainable tensor ({n} coordinates; scope='layer')"
-        if self.budget.k > n:
-            raise ValueError(
-                f"k={self.budget.k} is larger than {what}: every step would be dense; give "
-                f"k <= {n}, or density= (density=1.0 keeps every coordinate)"
-            )
 
     def add_param_group(self, param_group: dict) -> None:
         self.optimizer.add_param_group(param_group)

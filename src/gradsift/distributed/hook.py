@@ -102,11 +102,7 @@ def _finish(state: TopKHookState, stash) -> None:
     n, element = flat.numel(), flat.element_size()
     state.bytes_dense += n * element
     finite = _exchange_header(state, flat, [(key, size) for key, size, _, _ in entries], world)
-    if state.budget.k is not None and state.budget.k > n:  # n is the same on every rank
-        raise ValueError(
-            f"TopKHookState k={state.budget.k} is larger than the model's {n} coordinates: "
-            f"every step would be dense; give k <= {n}, or density="
-        )
+    state.budget.check_fits(n, f"the model's {n} coordinates")  # n: the same on every rank
     iteration, state.iter = state.iter, state.iter + 1
     if finite and state.clip_norm is not None:  # DGC Sec. 3.3: clip before accumulating
         torch.nn.utils.clip_grad_norm_([flat], state.clip_norm / world**0.5)

@@ -26,8 +26,6 @@ restarting the error-feedback memory at zero).
 
 from __future__ import annotations
 
-import logging
-
 import torch
 import torch.distributed as dist
 
@@ -36,8 +34,6 @@ from gradsift.checks import check_choice, check_float, check_int
 from gradsift.distributed import encoding as wire
 from gradsift.distributed.warmup import check_schedule, density_at
 from gradsift.sparsify import Workspace, check_momentum_correction, sparsify_
-
-logger = logging.getLogger(__name__)
 
 __all__ = ["TopKHookState", "compress_", "compress_into_", "match_layout_", "message_bytes"]
 
@@ -70,11 +66,8 @@ class TopKHookState(HasBudget):
     ``bytes_sent`` counts what this rank contributed, ``bytes_dense`` what plain
     allreduce would have; ``compression_ratio`` is their quotient.
 
-    ``rank`` and ``world_size`` are those of the process that ran (or saved) the
-    state, None until known. Checkpoint it per rank::
-
-        torch.save(state.state_dict(), f"hook_rank{dist.get_rank()}.pt")
-        state.load_state_dict(torch.load(f"hook_rank{dist.get_rank()}.pt"))
+    ``rank`` and ``world_size``: those of the process that ran (or saved) the state,
+    None until known. Checkpoint it per rank (``f"hook_rank{dist.get_rank()}.pt"``).
     """
 
     __slots__ = (
@@ -179,16 +172,10 @@ class TopKHookState(HasBudget):
         return out
 
     def load_state_dict(self, state: dict, *, reshard: bool = False) -> None:
-        """Resume from ``state_dict()``'s output, saved by this same rank.
-
-        Another rank's state, or one of another world size, is refused by the hook
-        on every rank at its first exchange (nothing is checked here: a rank that
-        raised alone would leave the others waiting in a collective). With
-        ``reshard=True`` a state of any rank and world size is taken: counters and
-        layout kept, the error-feedback memory (residual, velocity) restarted at
-        zero, since one rank's unsent gradient cannot be split among another number
-        of ranks.
-        """
+        """Resume from ``state_dict()``, saved by this rank in a world of this size
+        (else the hook's first exchange fails every rank: a rank raising here alone
+        would leave the others waiting). ``reshard=True`` takes any rank's state and
+        restarts the error-feedback memory at zero (counters and layout kept)."""
         if not isinstance(reshard, bool):
             raise TypeError(f"reshard must be True or False, got {reshard!r}")
         if "residuals" in state and "layout" not in state:  # gradsift 0.1's per-key format
@@ -207,12 +194,6 @@ class TopKHookState(HasBudget):
             int(state[n]) for n in ("iter", "bytes_sent", "bytes_dense")
         )
         if reshard:
-            logger.info(
-                "top-k hook state of rank %s (world size %s) resharded: error-feedback "
-                "memory restarts at zero",
-                self.rank,
-                self.world_size,
-            )
             self.rank = self.world_size = self.residual = self.velocity = None
 
     def __getstate__(self):
