@@ -336,3 +336,74 @@ def abort_in_variant(rank, world, port, model_name, name, steps, batch, out):
             os.abort()
         dist.barrier()  # rank 0 waits here until it is stopped
     ddp_step._job(rank, world, port, model_name, name, steps, batch, out)
+
+
+def another_ranks_state(rank, world, port, queue, case):
+    """Resume the hook from a per-rank checkpoint gone wrong: ``"rank 0's"`` (every
+    rank loads rank 0's state), ``"world 4"`` (a state saved by 4 ranks), or
+    ``"reshard"`` (that state loaded with ``reshard=True``: accepted)."""
+    init(rank, world, port, timeout_s=20)
+
+    def fresh():
+        ddp = DDP(small_model())
+        state = TopKHookState(density=0.1, start_iter=0)
+        ddp.register_comm_hook(state, topk_hook)
+        return ddp, state, torch.optim.SGD(ddp.parameters(), lr=0.1)
+
+    ddp, state, opt = fresh()
+    _train_steps(ddp, opt, rank, range(3))
+    saved = [None] * world
+    dist.all_gather_object(saved, state.state_dict())
+    names = (saved[rank].get("rank"), saved[rank].get("world_size"))
+    ddp, state, opt = fresh()
+    start = time.monotonic()
+    try:
+        if case == "rank 0's":
+            state.load_state_dict(saved[0])
+        else:
+            state.load_state_dict({**saved[rank], "world_size": 4}, reshard=case == "reshard")
+        _train_steps(ddp, opt, rank, range(3, 5))
+        queue.put((rank, "no error", time.monotonic() - start, names))
+    except Exception as exc:  # noqa: BLE001 - the message is what is checked
+        queue.put(
+            (rank, f"{type(exc).__name__}: {exc}"[:600], time.monotonic() - start, names)
+        )
+    dist.destroy_process_group()
+
+
+def lightning_fit(rank, world, port, queue):
+    """Lightning's DDP on CPU gloo ranks (processes launched by us, as by torchrun)
+    with gradsift's callback: the hook runs (``state.iter > 0``)."""
+    import lightning.pytorch as pl
+
+    from gradsift.integrations.lightning import TopKHookCallback
+
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world),
+        RANK=str(rank), LOCAL_RANK=str(rank), NODE_RANK="0",
+    )  # fmt: skip
+
+    class Module(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = small_model()
+
+        def training_step(self, b, _):
+            return F.cross_entropy(self.net(b[0]), b[1])
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    gen = torch.Generator().manual_seed(rank)
+    data = torch.utils.data.TensorDataset(
+        torch.randn(64, 20, generator=gen), torch.randint(0, 5, (64,), generator=gen)
+    )
+    state = TopKHookState(density=0.1, start_iter=1)
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=world, strategy="ddp", max_steps=4,
+        callbacks=[TopKHookCallback(state)], logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False,
+    )  # fmt: skip
+    trainer.fit(Module(), torch.utils.data.DataLoader(data, batch_size=16))
+    queue.put((rank, state.iter, state.compression_ratio, dist.get_world_size()))
+    dist.destroy_process_group()

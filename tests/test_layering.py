@@ -64,3 +64,14 @@ def test_modules_and_functions_are_small(path):
             if ast.get_docstring(node) is not None:
                 length -= node.body[0].end_lineno - node.body[0].lineno + 1
             assert length <= MAX_FUNCTION_LINES, f"{path.name}:{node.name} is {length} lines"
+
+
+def test_library_import_loads_no_training_framework():
+    import subprocess
+
+    code = (
+        "import gradsift, gradsift.distributed, gradsift.integrations, sys; print(sorted(m for m"
+        " in sys.modules if m.split('.')[0] in ('lightning', 'pytorch_lightning', 'transformers')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -654,3 +654,35 @@ def test_channels_last_parameters_keep_their_gradient_layout():
     ref_opt.step()
     for p, q in zip(conv.parameters(), ref.parameters()):
         torch.testing.assert_close(p, q, rtol=0, atol=1e-7)
+
+
+def test_k_larger_than_the_model_is_an_error_naming_both_numbers():
+    model = Net()
+    n = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    with pytest.raises(ValueError, match=rf"k=1000000000 .* {n} trainable coordinates"):
+        TopK(torch.optim.SGD(model.parameters(), lr=0.1), k=10**9)
+    biggest = max(p.numel() for p in model.parameters() if p.requires_grad)
+    with pytest.raises(ValueError, match=rf"k={biggest + 1} .* {biggest} .*layer scope"):
+        TopK(torch.optim.SGD(model.parameters(), lr=0.1), k=biggest + 1, scope="layer")
+    TopK(torch.optim.SGD(model.parameters(), lr=0.1), k=n)  # every coordinate: allowed
+
+
+def test_k_is_checked_again_when_a_group_is_added():
+    model = Net()
+    first, *rest = list(model.parameters())
+    opt = TopK(torch.optim.SGD(rest, lr=0.1), k=first.numel() + 1)
+    opt.add_param_group({"params": [first]})  # more coordinates: still fine
+    assert opt.k == first.numel() + 1
+
+
+def test_a_topk_inside_a_topk_is_an_error():
+    model = Net()
+    inner = TopK(torch.optim.SGD(model.parameters(), lr=0.1), k=5)
+    with pytest.raises(TypeError, match="optimizer is already a TopK"):
+        TopK(inner, k=5)
+
+
+def test_an_optimizer_with_no_trainable_parameter_is_an_error():
+    model = Net().requires_grad_(False)
+    with pytest.raises(ValueError, match="optimizer has no trainable parameter"):
+        TopK(torch.optim.SGD(model.parameters(), lr=0.1), k=5)

@@ -92,3 +92,13 @@ def test_sparsify_grads_arguments():
         sparsify_grads_([p], k=1, residuals=[])
     assert sparsify_grads_([p], k=2) == 2
     assert p.grad.tolist() == [0.0, -3.0, 2.0, 0.0]
+
+
+def test_a_bare_tensor_for_params_is_an_error():
+    w = torch.nn.Parameter(torch.ones(3, 4))
+    w.grad = torch.ones(3, 4)
+    with pytest.raises(TypeError, match=r"params must be an iterable of parameters.*\[w\]"):
+        sparsify_grads_(w, k=2)
+    with pytest.raises(TypeError, match="residuals must be a list of tensors"):
+        sparsify_grads_([w], k=2, residuals=torch.zeros(3, 4))
+    assert sparsify_grads_([w], k=2) == 2

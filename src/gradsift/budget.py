@@ -40,6 +40,15 @@ class Budget:
             return min(self.k, n)
         return min(n, max(1, round(self.density * n)))
 
+    def check_fits(self, n: int, what: str) -> None:
+        """A ``k`` larger than the ``n`` coordinates it selects from (``what``) is an
+        error: every step would be dense without a word."""
+        if self.k is not None and self.k > n:
+            raise ValueError(
+                f"k={self.k} is larger than {what}: every step would be dense; give "
+                f"k <= {n}, or density= (density=1.0 keeps every coordinate)"
+            )
+
     def __str__(self) -> str:
         return f"k={self.k}" if self.k is not None else f"density={self.density}"
 

@@ -92,6 +92,23 @@ def test_a_rank_with_another_models_state_fails_every_rank_at_once():
         assert seconds < 10, (rank, seconds)
 
 
+def test_loading_rank_0s_state_on_rank_1_fails_every_rank_at_once():
+    results = run_two(dist_workers.another_ranks_state, "rank 0's")
+    for rank, message, seconds, names in results:
+        assert names == (rank, 2), names  # the saved state names its rank and world size
+        assert "ValueError" in message and "saved by rank 0" in message, (rank, message)
+        assert "rank(s) [1]" in message, (rank, message)
+        assert seconds < 10, (rank, seconds)
+
+
+def test_a_state_of_another_world_size_fails_every_rank_unless_resharded():
+    for rank, message, seconds, _ in run_two(dist_workers.another_ranks_state, "world 4"):
+        assert "ValueError" in message and "world size 4" in message, (rank, message)
+        assert "reshard=True" in message and seconds < 10, (rank, message)
+    for rank, message, _, _ in run_two(dist_workers.another_ranks_state, "reshard"):
+        assert message == "no error", (rank, message)
+
+
 def test_a_rank_that_raises_fails_the_other_with_an_error():
     [(rank, message, seconds)] = run_two(dist_workers.raises, expect=1)
     assert rank == 0 and message != "no error" and seconds < 60, message
@@ -128,3 +145,18 @@ def test_hook_on_one_rank_equals_the_topk_wrapper(one_rank):
             opt.step()
     for p, q in zip(a.parameters(), b.parameters()):
         torch.testing.assert_close(p, q, rtol=0, atol=1e-15)
+
+
+def test_hook_k_larger_than_the_model_is_an_error_naming_both_numbers(one_rank):
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel
+
+    from gradsift.distributed import TopKHookState, topk_hook
+
+    model = dist_workers.small_model()
+    n = sum(p.numel() for p in model.parameters())
+    ddp = DistributedDataParallel(model)
+    ddp.register_comm_hook(TopKHookState(k=10**9, start_iter=0), topk_hook)
+    x, y = dist_workers.batch(0, 0)
+    with pytest.raises(ValueError, match=rf"k=1000000000 .* the model's {n} coordinates"):
+        nn.functional.cross_entropy(ddp(x), y).backward()

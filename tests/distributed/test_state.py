@@ -112,3 +112,18 @@ def test_state_dict_round_trip_and_the_old_format():
 def test_bad_state_arguments(kwargs, error, match):
     with pytest.raises(error, match=match):
         TopKHookState(**kwargs)
+
+
+def test_reshard_keeps_the_counters_and_restarts_the_memory():
+    state = TopKHookState(density=0.1, momentum_correction=0.9)
+    compress_(state, torch.randn(100), [(0, 0)], [100])
+    saved = {**state.state_dict(), "iter": 5, "rank": 3, "world_size": 4}
+    assert state.state_dict()["rank"] is None  # no process group: rank unknown
+    other = TopKHookState(density=0.1, momentum_correction=0.9)
+    other.load_state_dict(saved)
+    assert (other.rank, other.world_size) == (3, 4)  # the hook checks them
+    other.load_state_dict(saved, reshard=True)
+    assert other.iter == 5 and other.layout == [((0, 0), 100)]
+    assert other.residual is None and other.velocity is None and other.rank is None
+    with pytest.raises(TypeError, match="reshard must be True or False"):
+        other.load_state_dict(saved, reshard="yes")

@@ -1,6 +1,8 @@
 """Atomic result files."""
 
 import json
+import os
+import stat
 
 import pytest
 
@@ -27,3 +29,24 @@ def test_a_failed_write_leaves_the_old_file(tmp_path, monkeypatch):
         atomic_write_bytes(path, b"{}")
     assert read_json(path) == {"a": 1}
     assert [p.name for p in tmp_path.iterdir()] == ["r.json"]  # no temporary left
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
+def test_a_new_file_gets_the_mode_open_would_give(tmp_path, umask):
+    old = os.umask(umask)
+    try:
+        atomic_write_json(tmp_path / "r.json", {"a": 1})
+        with open(tmp_path / "plain.json", "w") as f:
+            f.write("{}")
+    finally:
+        os.umask(old)
+    mode = stat.S_IMODE((tmp_path / "r.json").stat().st_mode)
+    assert mode == 0o666 & ~umask == stat.S_IMODE((tmp_path / "plain.json").stat().st_mode)
+
+
+def test_rewriting_a_file_keeps_its_mode_as_open_would(tmp_path):
+    path = tmp_path / "r.json"
+    atomic_write_json(path, {"a": 1})
+    os.chmod(path, 0o640)
+    atomic_write_json(path, {"a": 2})
+    assert stat.S_IMODE(path.stat().st_mode) == 0o640 and read_json(path) == {"a": 2}

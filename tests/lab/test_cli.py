@@ -15,9 +15,9 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 
 def test_demo_writes_table_json_and_png(tmp_path, capsys):
-    assert cli.main(["demo", "--out", str(tmp_path), "--epochs", "1"]) == 0
+    assert cli.main(["demo", "--out", str(tmp_path), "--epochs", "1", "--sparsity", "0.9"]) == 0
     out = capsys.readouterr().out
-    assert "test acc" in out and "synflow" in out
+    assert "test acc" in out and "synflow" in out and "error feedback" in out
     data = json.loads((tmp_path / "results.json").read_text())
     assert {r["method"] for r in data["runs"]} == {"unpruned", *gradsift.list_methods()}
     png = (tmp_path / "demo.png").read_bytes()

@@ -178,3 +178,21 @@ def test_iterative_rounds_under_erk_end_on_erk_counts():
 def test_bad_budget_names_the_valid_ones():
     with pytest.raises(ValueError, match=r"budget must be one of \['global', 'uniform', 'er'"):
         prune_at_init(convnet(), "magnitude", 0.5, budget="ERK")
+
+
+def test_sparsity_zero_is_a_no_op_scored_once(monkeypatch):
+    import gradsift.pruning.at_init as at_init
+
+    calls = []
+    real = at_init.score
+    monkeypatch.setattr(
+        at_init, "score", lambda *a, **kw: calls.append(1) or real(*a, **kw)
+    )
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3))
+    x = torch.randn(4, 6)
+    before = model(x)
+    masks = prune_at_init(model, "magnitude", sparsity=0.0, iterations=100)
+    assert all(bool(m.all()) for m in masks.values()) and prune.is_pruned(model)
+    assert torch.equal(model(x), before)
+    assert len(calls) == 1  # one round, not 100 rounds of keeping everything

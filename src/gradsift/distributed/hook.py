@@ -98,6 +98,7 @@ def _finish(state: TopKHookState, stash) -> None:
     n, element = flat.numel(), flat.element_size()
     state.bytes_dense += n * element
     finite = _exchange_header(state, flat, [(key, size) for key, size, _, _ in entries], world)
+    state.budget.check_fits(n, f"the model's {n} coordinates")  # n: the same on every rank
     iteration, state.iter = state.iter, state.iter + 1
     if finite and state.clip_norm is not None:  # DGC Sec. 3.3: clip before accumulating
         torch.nn.utils.clip_grad_norm_([flat], state.clip_norm / world**0.5)
@@ -131,6 +132,8 @@ def _exchange_header(state: TopKHookState, flat, layout, world) -> bool:
             flat.numel(),
             digest,
             int(state.residual is not None),
+            -1 if state.rank is None else state.rank,
+            -1 if state.world_size is None else state.world_size,
         ],
         dtype=torch.int64,
     )
@@ -138,6 +141,8 @@ def _exchange_header(state: TopKHookState, flat, layout, world) -> bool:
     dist.all_gather(gathered, header.to(flat.device), group=state.process_group)
     state.bytes_sent += header.numel() * header.element_size()
     rows = torch.stack([g.cpu() for g in gathered])
+    _check_owners(rows[:, 5].tolist(), rows[:, 6].tolist(), world)
+    state.rank, state.world_size = dist.get_rank(state.process_group), world
     for column, what in ((1, "iteration"), (2, "model size"), (3, "parameter layout")):
         differ = torch.nonzero(rows[:, column] != rows[0, column]).flatten().tolist()
         if differ:
@@ -148,6 +153,28 @@ def _exchange_header(state: TopKHookState, flat, layout, world) -> bool:
             )
     match_layout_(state, flat, layout)
     return not bool(rows[:, 0].any())
+
+
+def _check_owners(ranks: list[int], worlds: list[int], world: int) -> None:
+    """Every rank holds a state saved by itself in a world of this size (or a fresh
+    one): the same rows on every rank, so the same error on every rank."""
+    others = sorted({w for w in worlds if w not in (-1, world)})
+    if others:
+        raise ValueError(
+            f"top-k hook state saved with world size {others[0]} loaded into a world of "
+            f"size {world} (saved world size by rank: {worlds}); a rank's residual is its "
+            "own unsent gradient and cannot be split among another number of ranks: load "
+            "it with state.load_state_dict(sd, reshard=True) to keep the counters and "
+            "restart the error-feedback memory at zero"
+        )
+    wrong = [r for r, saved in enumerate(ranks) if saved not in (-1, r)]
+    if wrong:
+        held = ", ".join(f"rank {r} holds the state saved by rank {ranks[r]}" for r in wrong)
+        raise ValueError(
+            f"top-k hook state loaded from another rank's checkpoint on rank(s) {wrong} "
+            f"({held}); the state is per rank: save state.state_dict() on every rank "
+            "(e.g. to hook_rank{rank}.pt) and load each rank's own file"
+        )
 
 
 def _dense(state: TopKHookState, flat, finite: bool, world: int) -> None:

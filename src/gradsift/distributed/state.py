@@ -16,11 +16,18 @@ so that ``decoded(q) + r_new == a`` exactly. The hook state follows
 iterations. Residuals are stored as one vector keyed by the parameters'
 ``(bucket index, position)`` in DDP's initial layout, which any fresh DDP of the same
 model reproduces; a state that does not match the model is an error, never reset.
+
+The state is **per rank**: each rank's residual is its own unsent gradient. The saved
+state names the rank and world size that saved it, and the hook's first exchange
+after a load fails every rank at once when a rank holds another rank's state, or a
+state of another world size (``load_state_dict(..., reshard=True)`` takes it anyway,
+restarting the error-feedback memory at zero).
 """
 
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 
 from gradsift.budget import Budget, HasBudget
 from gradsift.checks import check_choice, check_float, check_int
@@ -31,7 +38,10 @@ from gradsift.optim.error_feedback import Workspace, check_momentum_correction, 
 __all__ = ["TopKHookState", "compress_", "compress_into_", "match_layout_", "message_bytes"]
 
 _VALUE_DTYPES = (None, torch.float32, torch.float16, torch.bfloat16)
-_SAVED = ("iter", "bytes_sent", "bytes_dense", "residual", "velocity", "layout", "scale")
+_SAVED = (
+    "iter", "bytes_sent", "bytes_dense", "residual", "velocity", "layout", "scale",
+    "rank", "world_size",
+)  # fmt: skip
 
 
 class TopKHookState(HasBudget):
@@ -55,6 +65,9 @@ class TopKHookState(HasBudget):
 
     ``bytes_sent`` counts what this rank contributed, ``bytes_dense`` what plain
     allreduce would have; ``compression_ratio`` is their quotient.
+
+    ``rank`` and ``world_size``: those of the process that ran (or saved) the state,
+    None until known. Checkpoint it per rank (``f"hook_rank{dist.get_rank()}.pt"``).
     """
 
     __slots__ = (
@@ -97,6 +110,8 @@ class TopKHookState(HasBudget):
         self.grad_scaler = grad_scaler
         self.iter, self.bytes_sent, self.bytes_dense = 0, 0, 0
         self.residual = self.velocity = self.scale = None
+        self.rank: int | None = None
+        self.world_size: int | None = None
         self.layout: list[tuple[tuple[int, int], int]] = []
         self._keys: dict[int, tuple[int, int]] = {}  # id(param) -> key, this process only
         self._workspace, self._stash = Workspace(), []
@@ -143,15 +158,26 @@ class TopKHookState(HasBudget):
         return self.bytes_dense / self.bytes_sent if self.bytes_sent else 1.0
 
     def state_dict(self) -> dict:
-        """Everything needed to resume: counters, residual, velocity (cloned)."""
+        """Everything needed to resume: counters, residual, velocity (cloned), and the
+        ``rank`` and ``world_size`` that this state belongs to (None outside
+        ``torch.distributed``)."""
         out = {name: getattr(self, name) for name in _SAVED}
+        if out["rank"] is None and dist.is_available() and dist.is_initialized():
+            out["rank"] = dist.get_rank(self.process_group)
+            out["world_size"] = dist.get_world_size(self.process_group)
         for name in ("residual", "velocity"):
             if out[name] is not None:
                 out[name] = out[name].clone()
         out["layout"] = [list(key) + [size] for key, size in self.layout]
         return out
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict, *, reshard: bool = False) -> None:
+        """Resume from ``state_dict()``, saved by this rank in a world of this size
+        (else the hook's first exchange fails every rank: a rank raising here alone
+        would leave the others waiting). ``reshard=True`` takes any rank's state and
+        restarts the error-feedback memory at zero (counters and layout kept)."""
+        if not isinstance(reshard, bool):
+            raise TypeError(f"reshard must be True or False, got {reshard!r}")
         if "residuals" in state and "layout" not in state:  # gradsift 0.1's per-key format
             keys = sorted(tuple(key) for key in state["residuals"])
             parts = [state["residuals"][key] for key in keys]
@@ -167,6 +193,8 @@ class TopKHookState(HasBudget):
         self.iter, self.bytes_sent, self.bytes_dense = (
             int(state[n]) for n in ("iter", "bytes_sent", "bytes_dense")
         )
+        if reshard:
+            self.rank = self.world_size = self.residual = self.velocity = None
 
     def __getstate__(self):
         skip = ("process_group", "grad_scaler", "_keys", "_workspace", "_stash", "_flat")

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import tempfile
+import secrets
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +18,17 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
 
     ``os.replace`` is atomic on POSIX and Windows, so ``path`` holds either the old or
     the new content, whatever interrupts the write.
+
+    The file gets the permissions a plain ``open(path, "w")`` would give: a new file
+    ``0o666`` less the umask (the kernel applies it, so default ACLs apply too), a
+    rewritten file keeps its mode. (``tempfile.mkstemp`` would make every file 0600.)
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = _create_temporary(path)
     try:
+        with contextlib.suppress(FileNotFoundError):
+            os.chmod(tmp, stat.S_IMODE(os.stat(path).st_mode))
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -30,6 +38,18 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def _create_temporary(path: Path) -> tuple[int, str]:
+    """A new, exclusive file beside ``path``, created with mode 0o666 & ~umask."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+    for _ in range(100):
+        tmp = str(path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp")
+        try:
+            return os.open(tmp, flags, 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary file name beside {path}")
 
 
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:

@@ -134,7 +134,13 @@ def _add_training(p: argparse.ArgumentParser) -> None:
 def _demo_parser(sub) -> None:
     d = _command(sub, "demo", help="the main job: prune + top-k train on digits")
     d.add_argument("--out", default="gradsift-demo", help="output folder")
-    d.add_argument("--sparsity", type=_sparsity, default=0.9, help="fraction pruned at init")
+    d.add_argument(
+        "--sparsities",
+        "--sparsity",
+        type=_list_of(_sparsity),
+        default=[0.8, 0.9],
+        help="comma-separated fractions pruned at init",
+    )
     d.add_argument("--density", type=_density, default=0.01, help="gradient density")
     d.add_argument("--epochs", type=_positive_int, default=20, help="training epochs")
     d.add_argument("--seed", type=int, default=0, help="seeds everything")

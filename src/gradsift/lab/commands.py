@@ -56,43 +56,42 @@ def _spec(args: argparse.Namespace, **overrides):
 
 def demo(args: argparse.Namespace) -> int:
     from gradsift import list_methods
-    from gradsift.lab.plots import have_matplotlib, plot_bars
-    from gradsift.lab.runs import RunSpec, run_one
-    from gradsift.lab.training import TrainConfig
+    from gradsift.lab.demo import run_demo, summary
+    from gradsift.lab.plots import have_matplotlib, plot_hbars
 
-    out = Path(args.out)
+    out, methods, sparsities = Path(args.out), list_methods(), args.sparsities
     print(
-        f"gradsift demo: LeNet-5 on the embedded digits (1,797 8x8 images), pruned at "
-        f"init to {args.sparsity:.0%} sparsity, trained with top-{args.density:g} "
-        f"gradients + error feedback; results in {out}/"
+        "gradsift demo: LeNet-5 on the embedded digits (1,797 8x8 images), "
+        f"{args.epochs} epochs per run: (1) pruned at init by each method at "
+        f"{', '.join(f'{s:.0%}' for s in sparsities)} sparsity, (2) trained with the top "
+        f"{args.density:.0%} of gradient coordinates per step; results in {out}/"
     )
-    rows = []
-    dense = TrainConfig(epochs=args.epochs, density=None, seed=args.seed)
-    sparse = TrainConfig(epochs=args.epochs, density=args.density, seed=args.seed)
-    for method, cfg in [(None, dense)] + [(m, sparse) for m in [None, *list_methods()]]:
-        spec = RunSpec(
-            method=method, sparsity=args.sparsity if method else 0.0, seed=args.seed, train=cfg
-        )
-        r = run_one(spec, progress=True)
-        rows.append(r)
-        print(
-            f"  {r['method']:>9}, gradient density {r['grad_density']:g}: "
-            f"test accuracy {r['test_accuracy']:.4f}"
-        )
+    res = run_demo(methods, sparsities, args.density, args.epochs, args.seed)
+    rows = [res["unpruned"], *res["pruned"].values(), *res["topk"].values()]
     print()
     print(render(rows, RUN_COLUMNS))
+    print()
+    print("\n".join(summary(res, methods, sparsities, args.density)))
     atomic_write_json(out / "results.json", {"command": "gradsift demo", "runs": rows})
     print(f"\nwrote {out / 'results.json'}")
     if not have_matplotlib():
         print("matplotlib not installed: no plot (pip install 'gradsift[plots]')")
         return 0
-    plot_bars(
-        [f"{r['method']}\ndensity {r['grad_density']:g}" for r in rows],
-        [100 * r["test_accuracy"] for r in rows],
+    pct = {k: 100 * r["test_accuracy"] for k, r in res["pruned"].items()}
+    dense = 100 * res["unpruned"]["test_accuracy"]
+    labels = ["unpruned (reference)", *methods]
+    series = {f"{s:.0%} sparsity": [dense] + [pct[m, s] for m in methods] for s in sparsities}
+    topk = ["dense updates", "top-k + error feedback", "top-k, no error feedback"]
+    topk_acc = [dense] + [100 * res["topk"][f]["test_accuracy"] for f in (True, False)]
+    plot_hbars(
+        [
+            ("1. pruned at init, dense updates", labels, series),
+            (f"2. unpruned, top {args.density:.0%} gradient coordinates", topk,
+             {"unpruned": topk_acc}),
+        ],
         out / "demo.png",
-        ylabel="test accuracy (%)",
-        title="LeNet-5 on digits: pruned at init, trained with top-k sparse gradients",
-    )
+        xlabel="test accuracy (%) on digits, LeNet-5",
+    )  # fmt: skip
     print(f"wrote {out / 'demo.png'}")
     return 0
 

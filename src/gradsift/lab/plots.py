@@ -8,7 +8,7 @@ from collections import defaultdict
 
 from gradsift.lab.atomic import atomic_write_bytes
 
-__all__ = ["plot_accuracy_vs_sparsity", "plot_bars", "have_matplotlib", "run_label"]
+__all__ = ["plot_accuracy_vs_sparsity", "plot_bars", "plot_hbars", "have_matplotlib", "run_label"]
 
 
 def have_matplotlib() -> bool:
@@ -136,5 +136,35 @@ def plot_bars(
     if title:
         ax.set_title(title, fontsize=10)
     ax.grid(True, axis="y", alpha=0.3)
+    save(fig, path)
+    plt.close(fig)
+
+
+def plot_hbars(panels: list[tuple[str, list[str], dict[str, list[float]]]], path, *, xlabel):
+    """Horizontal grouped bars, one panel per ``(title, row labels, {series: values})``:
+    labels on the y axis never collide, each value is printed at its bar's end."""
+    plt = figure()
+    heights = [len(labels) * max(1, len(series)) for _, labels, series in panels]
+    fig, axes = plt.subplots(
+        len(panels), 1, figsize=(8, 0.22 * sum(heights) + 1.2 * len(panels)),
+        gridspec_kw={"height_ratios": heights}, squeeze=False,
+    )  # fmt: skip
+    for ax, (title, labels, series) in zip(axes[:, 0], panels):
+        width = 0.8 / len(series)
+        for j, (name, values) in enumerate(series.items()):
+            ys = [i + (j - (len(series) - 1) / 2) * width for i in range(len(labels))]
+            bars = ax.barh(ys, values, height=width, label=name, color=f"C{j}")
+            for bar, v in zip(bars, values):
+                y = bar.get_y() + bar.get_height() / 2
+                ax.text(v + 1, y, f"{v:.1f}", va="center", fontsize=7)
+        ax.set_yticks(range(len(labels)), labels, fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlim(0, 112)
+        ax.set_xlabel(xlabel)
+        ax.set_title(title, fontsize=10)
+        ax.grid(True, axis="x", alpha=0.3)
+        if len(series) > 1:
+            ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
     save(fig, path)
     plt.close(fig)

@@ -173,6 +173,16 @@ def sparsify_grads_(
     budget = Budget(k=k, density=density)
     scope = check_scope(scope)
     m = check_momentum_correction(momentum_correction)
+    if isinstance(params, torch.Tensor):
+        raise TypeError(
+            "params must be an iterable of parameters (model.parameters(), or [w] for one "
+            f"tensor w), got a single tensor of shape {tuple(params.shape)}"
+        )
+    for name, states in (("residuals", residuals), ("velocities", velocities)):
+        if isinstance(states, torch.Tensor):
+            raise TypeError(
+                f"{name} must be a list of tensors, one per parameter, got a single tensor"
+            )
     params = list(params)
     for name, states in (("residuals", residuals), ("velocities", velocities)):
         if states is not None and len(states) != len(params):

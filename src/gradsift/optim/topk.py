@@ -98,6 +98,8 @@ class TopK(HasBudget, Optimizer):
     ) -> None:
         if not isinstance(optimizer, Optimizer):
             raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer)}")
+        if isinstance(optimizer, TopK):
+            raise TypeError("optimizer is already a TopK: wrap the inner optimizer once")
         if isinstance(optimizer, torch.optim.SparseAdam):
             raise TypeError(
                 "TopK cannot wrap SparseAdam: the top-k selection reads every coordinate, so "
@@ -117,6 +119,11 @@ class TopK(HasBudget, Optimizer):
                     "momentum=0"
                 )
         self.optimizer = optimizer
+        if not any(p.requires_grad for p in self._params()):
+            raise ValueError(
+                f"optimizer has no trainable parameter (none of its {len(self._params())} "
+                "has requires_grad=True): build it over the parameters you train"
+            )
         self.backend = check_backend(backend, {p.device for p in self._params()})
         self.found_nonfinite = None
         self.fallback_steps = 0  # steps the fused GPU path did not cover
@@ -175,6 +182,9 @@ class TopK(HasBudget, Optimizer):
         touched = {id(p) for p in trainable if p.grad is not None}
         if getattr(self, "_grads", None) is not None:
             touched = self._grads.close()
+        if trainable:  # k beyond what one selection sees: an error, not a dense step
+            n = (sum if self.scope == "global" else max)(p.numel() for p in trainable)
+            self.budget.check_fits(n, f"the {n} trainable coordinates ({self.scope} scope)")
         self._grads = GradSet(trainable, self._state_names(), touched)
         self._contiguous = all(p.is_contiguous() for p in trainable)
         for b in self._grads.buckets:

@@ -54,7 +54,11 @@ def prune_at_init(
             ``prune.is_pruned(model)``, ``module.weight_mask``, ``prune.remove``,
             ``state_dict`` and deepcopy/pickle behave as in PyTorch.
         method: a name from ``gradsift.list_methods()``.
-        sparsity: fraction of the scored weights removed, in [0, 1).
+        sparsity: fraction of the scored weights removed, in [0, 1). ``0.0`` is allowed
+            and a no-op on what the model computes: every weight is kept, all-ones
+            masks are installed (so that code expecting a pruned model still works),
+            after one scoring round whatever ``iterations`` says (a ``sanity=``
+            variant still applies).
         data: ``(inputs, targets)`` batches for data-driven methods; a one-pass
             generator is read once and every round sees the same batches.
         budget: ``"global"`` (default) ranks all layers together; ``"uniform"``,
@@ -80,6 +84,8 @@ def prune_at_init(
     budget = check_budget(budget, scope)
     sanity = check_sanity(sanity, shuffle)
     targets = round_sparsities(sparsity, iterations, schedule)
+    if sparsity == 0:
+        targets = targets[:1]  # every round would keep everything
     entry = get_method(method)
     data = replayable(data)
     rescore = None

@@ -1,0 +1,48 @@
+"""gradsift with Lightning: TopK from configure_optimizers, the DDP hook through
+gradsift's callback on CPU gloo ranks."""
+
+import pytest
+import torch
+
+pl = pytest.importorskip("lightning.pytorch")
+
+import ddp_workers  # noqa: E402
+from distributed.test_hook import run_two  # noqa: E402
+from gradsift.distributed import TopKHookState  # noqa: E402
+from gradsift.integrations.lightning import TopKHookCallback  # noqa: E402
+
+
+def test_the_callback_makes_the_hook_run_on_two_cpu_gloo_ranks():
+    for rank, iters, ratio, world in run_two(ddp_workers.lightning_fit):
+        assert world == 2 and iters == 4, (rank, iters)  # one hook step per batch
+        assert ratio > 1, (rank, ratio)  # compressed steps ran
+
+
+class Module(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = ddp_workers.small_model()
+
+    def training_step(self, b, _):
+        return torch.nn.functional.cross_entropy(self.net(b[0]), b[1])
+
+    def configure_optimizers(self):
+        import gradsift
+
+        return gradsift.TopK(torch.optim.SGD(self.parameters(), lr=0.1), density=0.05)
+
+
+def test_topk_from_configure_optimizers_and_a_warning_without_ddp():
+    x, y = ddp_workers.batch(0, 0)
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=4)
+    module = Module()
+    callback = TopKHookCallback(TopKHookState(density=0.1))
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=1, max_steps=3, callbacks=[callback], logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+    )  # fmt: skip
+    with pytest.warns(UserWarning, match="no communication hook registered"):
+        trainer.fit(module, data)
+    opt = trainer.optimizers[0]
+    assert type(opt).__name__ == "TopK" and opt.state[module.net[0].weight]["residual"].any()
+    assert callback.state_dict()["ranks"][0]["iter"] == 0
