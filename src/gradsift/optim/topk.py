@@ -26,6 +26,7 @@ from gradsift.budget import Budget, HasBudget, check_scope
 from gradsift.optim.error_feedback import check_momentum_correction
 from gradsift.optim.fused import fused_step_
 from gradsift.optim.grads import GradSet
+from gradsift.optim.inner import check_inner
 from gradsift.optim.sparse_sgd import apply_sparse_sgd_, plain_sgd
 from gradsift.optim.state_dict import load_own_state, state_dict_with_own
 from gradsift.select.dispatch import check_backend
@@ -96,34 +97,17 @@ class TopK(HasBudget, Optimizer):
         momentum_correction: float | None = None,
         backend: str = "auto",
     ) -> None:
-        if not isinstance(optimizer, Optimizer):
-            raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer)}")
         if isinstance(optimizer, TopK):
             raise TypeError("optimizer is already a TopK: wrap the inner optimizer once")
-        if isinstance(optimizer, torch.optim.SparseAdam):
-            raise TypeError(
-                "TopK cannot wrap SparseAdam: the top-k selection reads every coordinate, so "
-                "sparse gradients are densified; use Adam, or nn.Embedding(sparse=False)"
-            )
         self.budget = Budget(k=k, density=density)
         self.scope = check_scope(scope)
         self.momentum_correction = check_momentum_correction(momentum_correction)
-        if self.momentum_correction is not None:
-            if not error_feedback:
-                raise ValueError(
-                    "momentum_correction needs error_feedback=True (DGC accumulates u)"
-                )
-            if any(g.get("momentum", 0) for g in optimizer.param_groups):
-                raise ValueError(
-                    "momentum_correction replaces the inner optimizer's momentum: set its "
-                    "momentum=0"
-                )
+        check_inner(
+            optimizer,
+            momentum_correction=self.momentum_correction,
+            error_feedback=error_feedback,
+        )
         self.optimizer = optimizer
-        if not any(p.requires_grad for p in self._params()):
-            raise ValueError(
-                f"optimizer has no trainable parameter (none of its {len(self._params())} "
-                "has requires_grad=True): build it over the parameters you train"
-            )
         self.backend = check_backend(backend, {p.device for p in self._params()})
         self.found_nonfinite = None
         self.fallback_steps = 0  # steps the fused GPU path did not cover
