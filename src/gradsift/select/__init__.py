@@ -49,7 +49,7 @@ from gradsift.select.dispatch import use_triton
 from gradsift.select.exact import DENSE_BELOW, dense, key, raise_nan, top_mask
 from gradsift.select.sampled import sampled as sampled_topk
 
-__all__ = ["check_topk_args", "topk_indices", "topk_mask"]
+__all__ = ["topk_indices", "topk_mask"]
 
 
 def topk_indices(
@@ -77,7 +77,7 @@ def topk_indices(
 
     Synchronises with the host once (the NaN check) on every backend.
     """
-    k = check_topk_args(x, k)
+    k = _check_topk_args(x, k)
     x = x.contiguous()
     if use_triton(x, backend):
         from gradsift.select.triton import topk as triton_topk
@@ -99,7 +99,7 @@ def topk_mask(
     then ``key > v`` plus the lowest-index ties at ``v``. ``backend`` as in
     ``topk_indices``.
     """
-    k = check_topk_args(x, k)
+    k = _check_topk_args(x, k)
     if use_triton(x, backend):
         from gradsift.select.triton import topk as triton_topk
 
@@ -110,7 +110,7 @@ def topk_mask(
     return top_mask(keys, k)
 
 
-def check_topk_args(x, k) -> int:
+def _check_topk_args(x, k) -> int:
     """Validate ``(x, k)`` for the selection functions; ``k`` as an ``int``."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
