@@ -19,6 +19,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from gradsift.budget import kept_count
 from gradsift.pruning.budgets import check_budget
 from gradsift.pruning.masks import apply_masks_, check_sparsity, masks_from_scores
 from gradsift.pruning.params import Selector, mask_of, prunable
@@ -117,7 +118,7 @@ def _installed(model: nn.Module, params: Selector, sparsity: float) -> dict | No
     }
     total = sum(mask.numel() for mask in masks.values())
     pruned = total - sum(int(torch.count_nonzero(mask)) for mask in masks.values())
-    if pruned > round(sparsity * total):
+    if pruned > total - kept_count(total, sparsity):
         warnings.warn(
             f"prune_at_init: the model already has {100 * pruned / total:.1f}% of the "
             f"selected weights pruned, more than sparsity={sparsity}; pruned weights stay "

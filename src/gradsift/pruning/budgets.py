@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from gradsift.budget import check_scope
+from gradsift.budget import check_scope, kept_count
 from gradsift.checks import check_choice
 
 __all__ = ["BUDGETS", "check_budget", "layer_counts", "layer_densities", "raw_er"]
@@ -63,10 +63,6 @@ def check_budget(budget, scope: str | None = None) -> BudgetSpec:
         raise TypeError(f"budget must be one of {list(BUDGETS)} or a callable, got {budget!r}")
     check_choice("budget", budget, BUDGETS)
     return budget
-
-
-def _kept(n: int, sparsity: float) -> int:
-    return n - round(sparsity * n)
 
 
 def raw_er(shape, *, kernel: bool) -> float:
@@ -97,7 +93,7 @@ def layer_densities(shapes: dict, sparsity: float, budget: BudgetSpec) -> dict[s
     budget = check_budget(budget)
     sizes = {n: math.prod(int(d) for d in s) for n, s in shapes.items()}
     total = sum(sizes.values())
-    kept = _kept(total, sparsity)
+    kept = kept_count(total, sparsity)
     if callable(budget):
         return _checked_callable(budget(dict(shapes), sparsity), sizes, kept)
     if budget == "global":
@@ -154,7 +150,7 @@ def layer_counts(
     densities = layer_densities(shapes, sparsity, budget)
     sizes = {n: math.prod(int(d) for d in s) for n, s in shapes.items()}
     caps = {n: min(sizes[n], (caps or sizes)[n]) for n in sizes}
-    total = min(_kept(sum(sizes.values()), sparsity), sum(caps.values()))
+    total = min(kept_count(sum(sizes.values()), sparsity), sum(caps.values()))
     floors = {n: min(floor, caps[n]) for n in sizes}
     if sum(floors.values()) > total:
         raise ValueError(
