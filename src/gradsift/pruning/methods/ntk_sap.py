@@ -5,7 +5,8 @@ A data-free proxy for the NTK's spectrum: for Gaussian inputs ``x`` and a pertur
 ``δ ~ N(0, I)`` of the weights, ``J(c) = Σ_n ‖f(x_n; θ ⊙ c) − f(x_n; (θ + εδ) ⊙ c)‖²``
 (both networks share the mask ``c``), scored ``|∂J/∂c|`` at ``c = m`` (the current
 mask; pruned weights score 0). "Multi-sampling": every draw takes fresh weights ``θ``
-from the initialisation distribution (Kaiming normal, ``std = √(2 / fan_in)``, BatchNorm
+from the initialisation distribution (Kaiming normal, ``std = √(2 / fan_in)``; HF ``Conv1D``'s ``(in, out)`` weight has
+its fan-in first; BatchNorm
 ``γ = 1, β = 0``; other parameters as they are), fresh ``x`` and ``δ``, and the
 gradients add up over ``repeats`` draws before the absolute value. BatchNorm uses the
 statistics of the unperturbed network on ``x`` for both networks (eval mode after a
@@ -29,7 +30,14 @@ from torch.func import functional_call
 from gradsift.checks import check_float, check_int
 from gradsift.pruning.masks import apply_masks_
 from gradsift.pruning.methods._hvp import add_
-from gradsift.pruning.params import Selector, device_of, original, param_path, private_copy
+from gradsift.pruning.params import (
+    Selector,
+    device_of,
+    is_conv1d,
+    original,
+    param_path,
+    private_copy,
+)
 from gradsift.pruning.registry import checked_options, register_method
 
 __all__ = ["ntk_sap", "ntk_sap_rescorer"]
@@ -114,7 +122,8 @@ def _reinit_(model: nn.Module, targets: dict, gen: torch.Generator) -> None:
                     f"ntk_sap reinit=True draws Kaiming-normal weights, which {name} "
                     f"(shape {tuple(w.shape)}) has no fan-in for; pass reinit=False"
                 )
-            std = math.sqrt(2.0 / (w.shape[1] * math.prod(w.shape[2:])))
+            fan_in = w.shape[0] if is_conv1d(m) else w.shape[1] * math.prod(w.shape[2:])
+            std = math.sqrt(2.0 / fan_in)
             w.copy_(torch.randn(w.shape, generator=gen, dtype=w.dtype).mul_(std))
         for m in model.modules():
             if isinstance(m, nn.modules.batchnorm._NormBase) and m.affine:
