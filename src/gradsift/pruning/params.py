@@ -174,12 +174,15 @@ def device_of(model: nn.Module) -> torch.device:
 
 def param_path(model: nn.Module, module: nn.Module, attr: str) -> str:
     """The ``named_parameters`` name of the tensor behind ``module.attr`` in ``model``
-    (``..._orig`` when pruned), for ``torch.func.functional_call``."""
-    for name, m in model.named_modules():
-        if m is module:
-            real = attr + "_orig" if hasattr(m, attr + "_orig") else attr
-            return f"{name}.{real}" if name else real
-    raise ValueError(f"module {type(module).__name__} is not part of the model")
+    (``..._orig`` when pruned), for ``torch.func.functional_call``: for a tied tensor,
+    the one name ``named_parameters`` gives it (its first), whichever module holds it."""
+    tensor = original(module, attr)
+    if not any(m is module for m in model.modules()):
+        raise ValueError(f"module {type(module).__name__} is not part of the model")
+    for name, p in model.named_parameters():
+        if p is tensor:
+            return name
+    raise ValueError(f"{type(module).__name__}.{attr} is not a parameter of the model")
 
 
 def deepcopy_model(model: nn.Module) -> nn.Module:
