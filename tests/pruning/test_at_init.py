@@ -15,18 +15,18 @@ from pruning_support import Encoder, Tied, convnet, convnet_data, encoder_data, 
 def test_iterative_synflow_exact_and_monotone():
     model = convnet()
     seen = []
-    real = gradsift.pruning.at_init.masks_from_scores
+    real = gradsift.pruning.at_init.select
 
     def spy(*args, **kwargs):
         out = real(*args, **kwargs)
         seen.append({k: v.clone() for k, v in out.items()})
         return out
 
-    gradsift.pruning.at_init.masks_from_scores = spy
+    gradsift.pruning.at_init.select = spy
     try:
         masks = prune_at_init(model, "synflow", 0.95, convnet_data(), iterations=10)
     finally:
-        gradsift.pruning.at_init.masks_from_scores = real
+        gradsift.pruning.at_init.select = real
     assert len(seen) == 10
     for before, after in zip(seen, seen[1:]):
         for k in before:

@@ -231,7 +231,8 @@ def _study_parsers(sub) -> None:
     b.add_argument(
         "--device",
         default="cpu",
-        help="select, step: 'cuda' times the Triton kernels on a GPU (CUDA events)",
+        help="select, step: 'cuda' times the Triton kernels on a GPU (CUDA events); "
+        "prune-memory: 'cuda' measures torch.cuda.max_memory_allocated",
     )
     b.add_argument(
         "--bandwidth",
@@ -243,6 +244,12 @@ def _study_parsers(sub) -> None:
         "--steps", type=_positive_int, default=13, help="ddp: steps per hook (3 untimed)"
     )
     b.add_argument("--batch", type=_positive_int, default=8, help="ddp: batch per rank")
+    b.add_argument(
+        "--width",
+        type=_positive_int,
+        default=4096,
+        help="prune-memory: the MLP's width (four Linear(width, width) layers)",
+    )
     b.set_defaults(func=commands.bench)
 
 

@@ -225,7 +225,7 @@ def bench(args: argparse.Namespace) -> int:
     from gradsift.lab.bench import BENCHES
 
     run, columns = BENCHES[args.what]
-    if args.device != "cpu":
+    if args.device != "cpu" and args.what != "prune-memory":
         run, columns = _gpu_bench(args)
     if args.what == "ddp":
         ddp = {"model": args.model, "steps": args.steps, "batch": args.batch}
@@ -235,6 +235,8 @@ def bench(args: argparse.Namespace) -> int:
         options = {"repeats": args.repeats}
         if args.what == "select" and args.sizes:
             options["sizes"] = args.sizes
+        if args.what == "prune-memory":
+            options.update(device=args.device, width=args.width)
         rows = run(**options)
     print(render(rows, columns))
     if args.json:

@@ -21,7 +21,7 @@ from torch import nn
 
 from gradsift.budget import kept_count
 from gradsift.pruning.budgets import check_budget
-from gradsift.pruning.masks import apply_masks_, check_sparsity, masks_from_scores
+from gradsift.pruning.masks import apply_masks_, check_sparsity, select
 from gradsift.pruning.params import Selector, mask_of, prunable
 from gradsift.pruning.registry import checked_options, get_method, score
 from gradsift.pruning.sampling import replayable
@@ -74,8 +74,17 @@ def prune_at_init(
         **options: passed to the scorer (see ``gradsift.score``).
 
     Returns:
-        ``{name: mask}`` (float 0/1 tensors shaped like the weights), the masks
-        installed (a weight pruned before stays pruned).
+        ``{name: mask}``: the model's installed ``*_mask`` buffers themselves (0/1
+        tensors of the weight's dtype, on its device; not copies, so clone them to keep
+        a snapshot across later pruning). A weight pruned before stays pruned.
+
+    Memory: one round holds the scores or their one flat copy, never both whole
+    (``gradsift.pruning.masks.select``; the flat buffer is not kept between rounds, so
+    it never meets the next round's scores), a byte per weight for the boolean
+    masks and, for a criterion with a rescorer (SynFlow, NTK-SAP), its private copy;
+    such a criterion's masks are installed once its rounds are done. What
+    ``torch.nn.utils.prune`` keeps afterwards (a mask buffer and the masked
+    ``weight`` beside ``weight_orig``) is twice the selected weights' bytes.
     """
     check_sparsity(sparsity)
     budget = check_budget(budget, scope)
@@ -86,23 +95,28 @@ def prune_at_init(
     rescore = None
     if entry.rescorer is not None and len(targets) > 1:  # cheap rounds when it has them
         rescore = entry.rescorer(model, data, params=params, **checked_options(method, options))
-    masks, workspace = _installed(model, params, sparsity), {}
+    masks = _installed(model, params, sparsity)
     for target in targets:
         if rescore is not None:
             scores = rescore(masks)
         else:
             target_option = {"sparsity": target} if entry.takes_sparsity else {}
             scores = score(model, method, data, params=params, **options, **target_option)
-        masks = masks_from_scores(
+        masks = select(
             inverted(scores, sanity),
             target,
             budget=budget,
             previous=masks,
             min_per_layer=min_per_layer,
-            workspace=workspace,
+            consume=True,
         )
-        apply_masks_(model, masks)
-    return sanity_masks_(model, masks, sanity, generator=generator)
+        del scores
+        if rescore is None:  # the next round scores the model: install now
+            apply_masks_(model, masks)
+    del rescore  # the rescorer's private copy
+    apply_masks_(model, masks)
+    sanity_masks_(model, masks, sanity, generator=generator)
+    return {name: mask_of(m, a) for name, (m, a) in prunable(model, list(masks)).items()}
 
 
 def _installed(model: nn.Module, params: Selector, sparsity: float) -> dict | None:

@@ -18,6 +18,8 @@ learned *which* weights matter or only *how many* per layer.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 from torch import nn
@@ -30,7 +32,7 @@ from gradsift.pruning.params import mask_of, original, owners, prunable
 from gradsift.pruning.shared import refresh_readers_
 from gradsift.topk import topk_indices, topk_mask
 
-__all__ = ["masks_from_scores", "apply_masks_", "shuffle_masks", "check_sparsity"]
+__all__ = ["masks_from_scores", "apply_masks_", "shuffle_masks", "check_sparsity", "select"]
 
 
 def check_sparsity(sparsity: float) -> float:
@@ -71,10 +73,34 @@ def masks_from_scores(
     value, every live score is clamped just above it (a live ``-inf`` ties with the
     lowest finite scores), so no infinite key reaches the selection.
     """
+    masks = select(
+        scores,
+        sparsity,
+        budget=check_budget(budget, scope),
+        previous=previous,
+        min_per_layer=min_per_layer,
+        workspace=workspace,
+    )
+    return {n: m.float() for n, m in masks.items()}
+
+
+def select(
+    scores: dict[str, torch.Tensor],
+    sparsity: float,
+    *,
+    budget="global",
+    previous: dict[str, torch.Tensor] | None = None,
+    min_per_layer: int = 0,
+    workspace: dict | None = None,
+    consume: bool = False,
+) -> dict[str, torch.Tensor]:
+    """``masks_from_scores`` as boolean masks; ``consume=True`` removes each score from
+    ``scores`` once copied into the flat buffer, so that a caller which owns the dict
+    never holds the scores and their flat copy at once."""
     check_sparsity(sparsity)
-    budget = check_budget(budget, scope)
     min_per_layer = check_int("min_per_layer", min_per_layer, minimum=0)
     names = list(scores)
+    shapes = {n: scores[n].shape for n in names}
     for n in names:
         if has_nan(scores[n]):
             raise ValueError(f"scores[{n!r}] contains NaN; cannot rank it")
@@ -84,23 +110,24 @@ def masks_from_scores(
         part = flat[offset : offset + scores[n].numel()]
         alive[n] = _fill_keys_(part, scores[n], None if previous is None else previous.get(n))
         offset += part.numel()
+        if consume:
+            del scores[n]
     if budget != "global":
-        shapes = {n: scores[n].shape for n in names}
         counts = layer_counts(shapes, sparsity, budget, caps=alive, floor=min_per_layer)
-        return _split(flat, scores, names, lambda part, n: _keep_top(part, counts[n]))
+        return _split(flat, shapes, lambda part, n: _keep_top(part, counts[n]))
     keep = min(sum(alive.values()), kept_count(flat.numel(), sparsity))
     if min_per_layer:
-        _reserve_(flat, [scores[n].numel() for n in names], alive, min_per_layer, keep)
+        _reserve_(flat, [math.prod(shapes[n]) for n in names], alive, min_per_layer, keep)
     mask = _keep_top(flat, keep)
-    return _split(mask, scores, names, lambda part, n: part)
+    return _split(mask, shapes, lambda part, n: part)
 
 
-def _split(flat: torch.Tensor, scores: dict, names: list, fn) -> dict[str, torch.Tensor]:
-    """``fn(slice, name)`` of each layer's slice of ``flat``, as a float mask."""
+def _split(flat: torch.Tensor, shapes: dict, fn) -> dict[str, torch.Tensor]:
+    """``fn(slice, name)`` of each layer's slice of ``flat``, shaped like the layer."""
     out, offset = {}, 0
-    for n in names:
-        size = scores[n].numel()
-        out[n] = fn(flat[offset : offset + size], n).view(scores[n].shape).float()
+    for n, shape in shapes.items():
+        size = math.prod(shape)
+        out[n] = fn(flat[offset : offset + size], n).view(shape)
         offset += size
     return out
 

@@ -4,7 +4,7 @@ Each is ``(function, columns)`` by name, for ``gradsift bench NAME`` and the spe
 study alike. Ratios are what to read; absolute times depend on the machine.
 """
 
-from gradsift.lab.bench import ddp_step, methods, scoring, selection, step, ties
+from gradsift.lab.bench import ddp_step, methods, prune_memory, scoring, selection, step, ties
 
 BENCHES = {
     "select": (selection.bench_select, selection.COLUMNS),
@@ -13,6 +13,7 @@ BENCHES = {
     "ddp": (ddp_step.bench_ddp, ddp_step.COLUMNS),
     "methods": (methods.bench_methods, methods.COLUMNS),
     "ties": (ties.bench_ties, ties.COLUMNS),
+    "prune-memory": (prune_memory.bench_prune_memory, prune_memory.COLUMNS),
 }
 
 __all__ = ["BENCHES"]

@@ -22,8 +22,14 @@ import torch
 from torch import nn
 
 from gradsift.pruning.inputs import real_inputs, refuse_token_ids
-from gradsift.pruning.masks import apply_masks_
-from gradsift.pruning.params import Selector, device_of, effective, leaves, private_copy
+from gradsift.pruning.params import (
+    Selector,
+    device_of,
+    leaves,
+    mask_of,
+    original,
+    private_copy,
+)
 from gradsift.pruning.registry import register_method
 
 __all__ = ["linearise_", "linearised_rescorer", "linearised_scores", "synflow", "synflow_rescorer"]
@@ -65,14 +71,19 @@ def _input_shape(data, input_shape, split_batch, method):
 
 
 def _scores(model, targets, input_shape, dtype, power):
-    """``|θ| ⊙ ∂R/∂φ`` at ``φ = |θ|^power``, ``R`` the output sum on ones."""
+    """``|θ| ⊙ ∂R/∂φ`` at ``φ = |θ|^power``, ``R`` the output sum on ones; computed in
+    place in the gradients (one float64 forward and backward, no other copy)."""
     ws = leaves(targets)
     ones = torch.ones((1, *input_shape), dtype=dtype, device=device_of(model))
     grads = torch.autograd.grad(model(ones).sum(), ws)
-    return {
-        name: effective(m, a).detach().pow(1 / power) * g
-        for (name, (m, a)), g in zip(targets.items(), grads)
-    }
+    out = {}
+    with torch.no_grad():
+        for (name, (m, a)), g in zip(targets.items(), grads):
+            phi = original(m, a)
+            g.mul_(phi if power == 1 else phi.sqrt())
+            mask = mask_of(m, a)
+            out[name] = g if mask is None else g.mul_(mask)
+    return out
 
 
 def linearised_scores(model, targets, data, input_shape, dtype, power, split_batch=None):
@@ -89,17 +100,27 @@ def _name(power: int) -> str:
 def linearised_rescorer(model, data, *, params, input_shape, dtype, power, split_batch=None):
     """``rescore(masks) -> scores`` on one private linearised copy: equal to scoring
     the masked model each round, without re-copying and re-linearising the network
-    every round (the masks are the only thing that change)."""
+    every round (the masks are the only thing that change). The masks (monotone:
+    a pruned weight stays pruned) are multiplied into the copy's weights in place,
+    which gives the same forward pass and, times the zeroed weights, the same scores
+    as masks installed with ``torch.nn.utils.prune``, with no mask buffers."""
     shape = _input_shape(data, input_shape, split_batch, _name(power))
     work, targets = private_copy(model, params)
     linearise_(work, dtype, power)
 
     def rescore(masks: dict | None) -> dict[str, torch.Tensor]:
         if masks is not None:
-            apply_masks_(work, masks)
+            _mask_in_place_(targets, masks)
         return _scores(work, targets, shape, dtype, power)
 
     return rescore
+
+
+def _mask_in_place_(targets: dict, masks: dict) -> None:
+    with torch.no_grad():
+        for name, (m, a) in targets.items():
+            phi = original(m, a)
+            phi.mul_(masks[name].to(device=phi.device, dtype=phi.dtype))
 
 
 def synflow(
