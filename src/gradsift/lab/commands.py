@@ -47,7 +47,7 @@ def _spec(args: argparse.Namespace, **overrides):
         seed=args.seed,
         train=cfg,
         data_root=args.data_root,
-        budget=getattr(args, "budget", "global"),  # a sweep names budgets in overrides
+        budget=getattr(args, "allocation", "global"),  # a sweep names them in overrides
         sanity=getattr(args, "sanity", None),
     )
     fields.update(overrides)
@@ -116,7 +116,7 @@ def prune(args: argparse.Namespace) -> int:
         args.sparsity,
         iterations=args.iterations,
         seed=args.seed,
-        budget=args.budget,
+        allocation=args.allocation,
         sanity=args.sanity,
     )
     report = sparsity_report(model)
@@ -173,14 +173,14 @@ def sweep(args: argparse.Namespace) -> int:
         for m in methods
         for s in args.sparsities
         for seed in args.seeds
-        for b in args.budgets
+        for b in args.allocations
         for v in variants
     ]
     out = Path(args.out)
     path = out / "results.json"
 
     def report(r):
-        budget = "" if r["budget"] == "global" else f" budget {r['budget']}"
+        budget = "" if r["budget"] == "global" else f" allocation {r['budget']}"
         sanity = f" {r['sanity']}" if r["sanity"] else ""
         print(
             f"  {r['method']:>9} sparsity {r['sparsity']:.3f} seed {r['seed']}"

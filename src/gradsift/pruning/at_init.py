@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from gradsift.budget import kept_count
-from gradsift.pruning.budgets import check_budget
+from gradsift.pruning.allocation import check_allocation
 from gradsift.pruning.masks import apply_masks_, check_sparsity, select
 from gradsift.pruning.params import Selector, mask_of, prunable
 from gradsift.pruning.registry import checked_options, get_method, score
@@ -37,7 +37,7 @@ def prune_at_init(
     sparsity: float,
     data: Iterable | None = None,
     *,
-    budget=None,
+    allocation=None,
     scope: str | None = None,
     iterations: int = 1,
     schedule: str = "exponential",
@@ -46,6 +46,7 @@ def prune_at_init(
     sanity: str | None = None,
     generator: torch.Generator | None = None,
     params: Selector = None,
+    budget=None,
     **options,
 ) -> dict[str, torch.Tensor]:
     """Prune ``model`` in place before training; return the installed masks.
@@ -58,10 +59,11 @@ def prune_at_init(
         sparsity: fraction of the scored weights removed, in [0, 1).
         data: ``(inputs, targets)`` batches for data-driven methods; a one-pass
             generator is read once and every round sees the same batches.
-        budget: ``"global"`` (default) ranks all layers together; ``"uniform"``,
-            ``"er"``, ``"erk"``, ``"uniform+dense-first"`` or a callable fix each
-            layer's exact count and rank within it (``gradsift.pruning.budgets``).
-        scope: the older name: ``"layer"`` is ``budget="uniform"``.
+        allocation: how the kept weights are spread over the layers: ``"global"``
+            (default) ranks all layers together; ``"uniform"``, ``"er"``, ``"erk"``,
+            ``"uniform+dense-first"`` or a callable fix each layer's exact count and
+            rank within it (``gradsift.pruning.allocation``).
+        scope: the older name: ``"layer"`` is ``allocation="uniform"``.
         iterations: rounds of score-then-prune (SynFlow uses 100). A method with its own
             schedule (``get_method(m).takes_sparsity``) runs it within each round.
         schedule: ``"exponential"`` (density ``ρ^(i/n)``) or ``"linear"``.
@@ -71,6 +73,7 @@ def prune_at_init(
             ``"shuffle-layer"`` or ``"shuffle-global"`` (``gradsift.pruning.sanity``).
         generator: RNG for the shuffles and ``"reinit"``.
         params: which weights (see ``gradsift.score``).
+        budget: the deprecated name of ``allocation`` (a ``DeprecationWarning``).
         **options: passed to the scorer (see ``gradsift.score``).
 
     Returns:
@@ -87,7 +90,7 @@ def prune_at_init(
     ``weight`` beside ``weight_orig``) is twice the selected weights' bytes.
     """
     check_sparsity(sparsity)
-    budget = check_budget(budget, scope)
+    allocation = check_allocation(allocation, scope, budget=budget)
     sanity = check_sanity(sanity, shuffle)
     targets = round_sparsities(sparsity, iterations, schedule)
     entry = get_method(method)
@@ -105,7 +108,7 @@ def prune_at_init(
         masks = select(
             inverted(scores, sanity),
             target,
-            budget=budget,
+            allocation=allocation,
             previous=masks,
             min_per_layer=min_per_layer,
             consume=True,

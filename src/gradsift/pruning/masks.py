@@ -4,8 +4,8 @@ Exactly ``round(sparsity * N)`` weights are removed: the kept set is an exact to
 of the scores (``gradsift.topk.topk_mask`` with ``absolute=False``, since signed
 scores such as GraSP's must not be ranked by magnitude), ties broken toward the
 lowest index in the concatenation of the layers in model order. There is no
-``<=``-threshold over-pruning on ties. Under a layer-wise budget
-(``gradsift.pruning.budgets``) the same top-k runs in each layer on that layer's
+``<=``-threshold over-pruning on ties. Under a layer-wise allocation
+(``gradsift.pruning.allocation``) the same top-k runs in each layer on that layer's
 exact count.
 
 Masks are monotone: weights pruned by an earlier mask are never revived.
@@ -27,7 +27,7 @@ from torch.nn.utils import prune
 
 from gradsift.budget import kept_count
 from gradsift.checks import check_float, check_int, has_nan
-from gradsift.pruning.budgets import check_budget, layer_counts
+from gradsift.pruning.allocation import check_allocation, layer_counts
 from gradsift.pruning.params import mask_of, original, owners, prunable
 from gradsift.pruning.shared import refresh_readers_
 from gradsift.topk import topk_indices, topk_mask
@@ -43,11 +43,12 @@ def masks_from_scores(
     scores: dict[str, torch.Tensor],
     sparsity: float,
     *,
-    budget=None,
+    allocation=None,
     scope: str | None = None,
     previous: dict[str, torch.Tensor] | None = None,
     min_per_layer: int = 0,
     workspace: dict | None = None,
+    budget=None,
 ) -> dict[str, torch.Tensor]:
     """Binary masks (same dtype as the weight would use: float) keeping the top scores.
 
@@ -55,16 +56,17 @@ def masks_from_scores(
         scores: ``{name: score}``; higher keeps.
         sparsity: fraction removed, in [0, 1); ``round(sparsity * N)`` of the ``N``
             scored weights are removed.
-        budget: ``"global"`` (default: one ranking over all layers), ``"uniform"``,
+        allocation: ``"global"`` (default: one ranking over all layers), ``"uniform"``,
             ``"er"``, ``"erk"``, ``"uniform+dense-first"`` or a callable: fixed
-            per-layer counts, ranked within each layer (``gradsift.pruning.budgets``).
-        scope: the older name: ``"global"``, or ``"layer"`` for ``budget="uniform"``.
+            per-layer counts, ranked within each layer (``gradsift.pruning.allocation``).
+        scope: the older name: ``"global"``, or ``"layer"`` for ``allocation="uniform"``.
         previous: masks already installed; their zeros stay zero (the count removed
             is then at least what they removed).
         min_per_layer: keep at least this many weights in every layer (the best
             scored ones), guarding against layer collapse; the total stays exact.
         workspace: a dict reused across calls (iterative pruning) to hold the flat
             score buffer: a fresh buffer of hundreds of MB page-faults on every call.
+        budget: the deprecated name of ``allocation`` (a ``DeprecationWarning``).
 
     Memory: the scores are copied once into one flat buffer of their common dtype
     (at least float32, so float32 and float64 scores rank exactly as given), in the
@@ -76,7 +78,7 @@ def masks_from_scores(
     masks = select(
         scores,
         sparsity,
-        budget=check_budget(budget, scope),
+        allocation=check_allocation(allocation, scope, budget=budget),
         previous=previous,
         min_per_layer=min_per_layer,
         workspace=workspace,
@@ -88,7 +90,7 @@ def select(
     scores: dict[str, torch.Tensor],
     sparsity: float,
     *,
-    budget="global",
+    allocation="global",
     previous: dict[str, torch.Tensor] | None = None,
     min_per_layer: int = 0,
     workspace: dict | None = None,
@@ -112,8 +114,8 @@ def select(
         offset += part.numel()
         if consume:
             del scores[n]
-    if budget != "global":
-        counts = layer_counts(shapes, sparsity, budget, caps=alive, floor=min_per_layer)
+    if allocation != "global":
+        counts = layer_counts(shapes, sparsity, allocation, caps=alive, floor=min_per_layer)
         return _split(flat, shapes, lambda part, n: _keep_top(part, counts[n]))
     keep = min(sum(alive.values()), kept_count(flat.numel(), sparsity))
     if min_per_layer:
