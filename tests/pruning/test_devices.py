@@ -77,7 +77,7 @@ def test_no_infinite_key_reaches_the_selection(monkeypatch):
     first = gradsift.masks_from_scores(scores, 0.5)
     second = gradsift.masks_from_scores(scores, 0.55, previous=first)
     for budget in ("global", "uniform"):
-        gradsift.masks_from_scores(scores, 0.6, previous=second, budget=budget)
+        gradsift.masks_from_scores(scores, 0.6, previous=second, allocation=budget)
     assert seen and not any(seen)
     assert int(second["b"][0]) == 0
     total = sum(s.numel() for s in scores.values())

@@ -23,7 +23,7 @@ from gradsift.budget import kept_count
 from gradsift.pruning.allocation import check_allocation
 from gradsift.pruning.masks import apply_masks_, check_sparsity, select
 from gradsift.pruning.params import Selector, mask_of, prunable
-from gradsift.pruning.registry import checked_options, get_method, score
+from gradsift.pruning.registry import checked_options, get_method, run_criterion
 from gradsift.pruning.sampling import replayable
 from gradsift.pruning.sanity import check_sanity, inverted, sanity_masks_
 from gradsift.pruning.schedules import round_sparsities
@@ -104,7 +104,9 @@ def prune_at_init(
             scores = rescore(masks)
         else:
             target_option = {"sparsity": target} if entry.takes_sparsity else {}
-            scores = score(model, method, data, params=params, **options, **target_option)
+            scores = run_criterion(
+                model, method, data, params=params, warn=False, **options, **target_option
+            )
         masks = select(
             inverted(scores, sanity),
             target,

@@ -71,7 +71,9 @@ def _held(module: nn.Module):
         yield (attr[: -len("_orig")] if attr.endswith("_orig") else attr), tensor
 
 
-def prunable(model: nn.Module, params: Selector = None) -> dict[str, tuple[nn.Module, str]]:
+def prunable(
+    model: nn.Module, params: Selector = None, *, warn: bool = True
+) -> dict[str, tuple[nn.Module, str]]:
     """Map logical parameter names to ``(module, attribute)`` for the scored weights.
 
     ``params``: None for the weights of Linear and Conv layers, of Hugging Face's
@@ -80,7 +82,7 @@ def prunable(model: nn.Module, params: Selector = None) -> dict[str, tuple[nn.Mo
     selected Linear); a collection of names; or a predicate ``(name, module, tensor)
     -> bool``. A tied tensor is selected once, under the first name that selects it.
     When the default selects less than ``DEFAULT_COVERAGE`` (half) of the model's
-    parameters, a ``UserWarning`` says so and names ``params=``.
+    parameters, a ``UserWarning`` says so and names ``params=`` (``warn=False``: not).
     """
     found: dict[str, tuple[nn.Module, str]] = {}
     chosen: dict[int, str] = {}  # id(tensor) -> the name it was selected under
@@ -107,7 +109,7 @@ def prunable(model: nn.Module, params: Selector = None) -> dict[str, tuple[nn.Mo
             raise ValueError(f"params names not found in the model: {missing}")
     if not found:
         raise ValueError("no parameters selected for scoring (params=...)")
-    if params is None:
+    if params is None and warn:
         _warn_coverage(model, found)
     return found
 
@@ -127,7 +129,7 @@ def _warn_coverage(model: nn.Module, found: dict) -> None:
             "pruned. Pass params= (names or a predicate (name, module, tensor) -> bool) "
             "to choose them",
             UserWarning,
-            stacklevel=3,
+            stacklevel=5,  # the user's call of score or prune_at_init
         )
 
 
@@ -214,7 +216,7 @@ def private_copy(model: nn.Module, params: Selector = None):
     for p in work.parameters():
         p.requires_grad_(False)
         p.grad = None
-    return work, prunable(work, params)
+    return work, prunable(work, params, warn=False)
 
 
 def leaves(targets: dict) -> list[torch.Tensor]:

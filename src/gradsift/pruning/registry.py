@@ -33,6 +33,7 @@ __all__ = [
     "list_methods",
     "method_options",
     "register_method",
+    "run_criterion",
     "score",
     "supported_options",
 ]
@@ -150,6 +151,9 @@ def score(
 ) -> dict[str, torch.Tensor]:
     """Score every selected weight of ``model`` with ``method``; higher = keep.
 
+    (``run_criterion(..., warn=False)`` is the same without the default selection's
+    coverage warning, for ``prune_at_init``'s rounds, which warn once themselves.)
+
     Args:
         model: any ``nn.Module``; it is not modified.
         method: one of ``list_methods()``.
@@ -168,14 +172,27 @@ def score(
     Returns:
         ``{name: tensor shaped like the weight}``.
     """
+    return run_criterion(model, method, data, params=params, **options)
+
+
+def run_criterion(
+    model: nn.Module,
+    method: str,
+    data: Iterable | None = None,
+    *,
+    params: Selector = None,
+    warn: bool = True,
+    **options,
+) -> dict[str, torch.Tensor]:
+    """``score``; ``warn=False`` leaves out the default selection's coverage warning."""
     entry = get_method(method)
     options = checked_options(method, options)
     data = replayable(data)
-    prunable(model, params)  # validate names (and warn) on the caller's model
+    prunable(model, params, warn=warn)  # validate names (and warn) on the caller's model
     devices = [d for d in {p.device for p in model.parameters()} if d.type == "cuda"]
     with torch.random.fork_rng(devices=devices):
         if entry.reads_only:  # no copy and no autograd: it only reads
-            targets = prunable(model, params)
+            targets = prunable(model, params, warn=False)
             with torch.no_grad():
                 scores = entry.fn(model, targets, data, **options)
         else:
