@@ -99,7 +99,7 @@ def prune_at_init(
     if entry.rescorer is not None and len(targets) > 1:  # cheap rounds when it has them
         rescore = entry.rescorer(model, data, params=params, **checked_options(method, options))
     masks = _installed(model, params, sparsity)
-    for target in targets:
+    for i, target in enumerate(targets):
         if rescore is not None:
             scores = rescore(masks)
         else:
@@ -116,7 +116,7 @@ def prune_at_init(
             consume=True,
         )
         del scores
-        if rescore is None:  # the next round scores the model: install now
+        if rescore is None and i < len(targets) - 1:  # the next round scores the model
             apply_masks_(model, masks)
     del rescore  # the rescorer's private copy
     apply_masks_(model, masks)
