@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from gradsift.checks import check_choice, check_float, check_int
 
-__all__ = ["Budget", "HasBudget", "SCOPES", "check_scope", "resolve_k"]
+__all__ = ["Budget", "HasBudget", "SCOPES", "check_scope", "kept_count", "resolve_k"]
 
 SCOPES = ("global", "layer")  # one selection over all tensors, or one per tensor
 
@@ -84,3 +84,9 @@ def check_scope(scope: str) -> str:
         return "layer"
     check_choice("scope", scope, SCOPES)
     return scope
+
+
+def kept_count(n: int, sparsity: float) -> int:
+    """Of ``n`` weights pruned to ``sparsity``, how many are kept: ``n - round(sparsity * n)``
+    (exactly ``round(sparsity * n)`` removed; the one place pruning computes it)."""
+    return n - round(sparsity * n)

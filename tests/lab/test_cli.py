@@ -139,9 +139,9 @@ def test_bench_select_json(tmp_path, capsys):
         (["sweep", "--methods", "snip,l1"], "unknown ['l1']"),
         (
             ["prune", "--method", "snip", "--budget", "ERK"],
-            "budget must be one of ['global', 'uniform', 'er', 'erk', 'uniform+dense-first']",
+            "allocation must be one of ['global', 'uniform', 'er', 'erk', 'uniform+dense-first']",
         ),
-        (["sweep", "--budgets", "erk,bogus"], "budget must be one of ['global', 'uniform'"),
+        (["sweep", "--budgets", "erk,bogus"], "allocation must be one of ['global', 'uniform'"),
         (["train", "--sanity", "shuffle"], "sanity must be one of ['reinit', 'invert'"),
         (["train", "--dataset", "cifar10"], "needs --data-root"),
         (["train", "--dataset", "cifar10", "--data-root", "/nonexistent"], "never downloads"),
@@ -231,9 +231,12 @@ def test_sweep_singular_flags_are_used_not_ignored():
     assert args.methods == ["snip"] and args.sparsities == [0.7]
 
 
-def test_prune_with_a_budget_and_a_sanity_variant(tmp_path, capsys):
-    argv = ["prune", "--method", "snip", "--sparsity", "0.9", "--budget", "erk"]
+@pytest.mark.parametrize("option", ["--allocation", "--budget"])
+def test_prune_with_an_allocation_and_a_sanity_variant(tmp_path, capsys, option):
+    argv = ["prune", "--method", "snip", "--sparsity", "0.9", option, "erk"]
     assert cli.main([*argv, "--sanity", "invert", "--out", str(tmp_path)]) == 0
+    err = capsys.readouterr().err
+    assert ("--budget is deprecated; use --allocation" in err) == (option == "--budget")
     report = json.loads((tmp_path / "report.json").read_text())
     masks = torch.load(tmp_path / "masks.pt")
     shapes = {n: m.shape for n, m in masks.items()}
@@ -244,7 +247,7 @@ def test_sweep_over_budgets_and_sanity_variants(tmp_path, monkeypatch):
     specs = []
     monkeypatch.setattr(runs, "run_one", lambda spec, **kw: specs.append(spec) or _fake(spec))
     argv = ["sweep", "--methods", "snip", "--sparsities", "0.8,0.9", "--seeds", "0"]
-    argv += ["--budgets", "global,erk", "--shuffle", "--sanity", "shuffle-layer,invert"]
+    argv += ["--allocations", "global,erk", "--shuffle", "--sanity", "shuffle-layer,invert"]
     assert cli.main([*argv, "--out", str(tmp_path)]) == 0
     got = [(s.sparsity, s.budget, s.variant) for s in specs]
     variants = (None, "shuffle-layer", "invert")  # --shuffle and shuffle-layer: one run

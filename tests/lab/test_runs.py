@@ -21,7 +21,7 @@ def test_prune_for_run_passes_only_supported_options(monkeypatch):
     seen = {}
 
     def spy(model, method, sparsity, data, **kwargs):
-        seen[method] = set(kwargs) - {"iterations", "shuffle", "generator", "budget", "sanity"}
+        seen[method] = set(kwargs) - {"iterations", "shuffle", "generator", "allocation", "sanity"}
         return {}
 
     monkeypatch.setattr(runs, "prune_at_init", spy)
@@ -42,7 +42,7 @@ def test_budget_and_sanity_reach_prune_at_init_and_the_record(monkeypatch):
     real = runs.prune_at_init
 
     def spy(*args, **kwargs):
-        seen.append({k: kwargs[k] for k in ("budget", "sanity", "shuffle")})
+        seen.append({k: kwargs[k] for k in ("allocation", "sanity", "shuffle")})
         return real(*args, **kwargs)
 
     monkeypatch.setattr(runs, "prune_at_init", spy)
@@ -55,7 +55,7 @@ def test_budget_and_sanity_reach_prune_at_init_and_the_record(monkeypatch):
         train=TrainConfig(epochs=1),
     )
     record = run_one(spec)
-    assert seen == [{"budget": "erk", "sanity": "invert", "shuffle": False}]
+    assert seen == [{"allocation": "erk", "sanity": "invert", "shuffle": False}]
     assert record["budget"] == "erk" and record["sanity"] == "invert"
     assert record["total"] - record["kept"] == round(0.9 * record["total"])
 

@@ -7,7 +7,7 @@ from torch.nn.utils import prune
 
 import gradsift
 from gradsift import masks_from_scores, prune_at_init, shuffle_masks, sparsity_report
-from gradsift.pruning import BUDGETS, layer_counts
+from gradsift.pruning import ALLOCATIONS, layer_counts
 from gradsift.pruning.params import deepcopy_model, original, prunable
 from pruning_support import Encoder, Tied, convnet, convnet_data, encoder_data, token_data
 
@@ -15,18 +15,18 @@ from pruning_support import Encoder, Tied, convnet, convnet_data, encoder_data, 
 def test_iterative_synflow_exact_and_monotone():
     model = convnet()
     seen = []
-    real = gradsift.pruning.at_init.masks_from_scores
+    real = gradsift.pruning.at_init.select
 
     def spy(*args, **kwargs):
         out = real(*args, **kwargs)
         seen.append({k: v.clone() for k, v in out.items()})
         return out
 
-    gradsift.pruning.at_init.masks_from_scores = spy
+    gradsift.pruning.at_init.select = spy
     try:
         masks = prune_at_init(model, "synflow", 0.95, convnet_data(), iterations=10)
     finally:
-        gradsift.pruning.at_init.masks_from_scores = real
+        gradsift.pruning.at_init.select = real
     assert len(seen) == 10
     for before, after in zip(seen, seen[1:]):
         for k in before:
@@ -154,11 +154,11 @@ def test_pruning_keeps_tied_weights_tied(method):
     assert torch.equal(twin.embedding.weight, twin.decoder.weight)
 
 
-@pytest.mark.parametrize("budget", BUDGETS)
+@pytest.mark.parametrize("budget", ALLOCATIONS)
 @pytest.mark.parametrize("method", gradsift.list_methods())
 def test_every_method_is_exact_under_every_budget(method, budget):
     model = convnet()
-    masks = prune_at_init(model, method, 0.85, convnet_data(), budget=budget)
+    masks = prune_at_init(model, method, 0.85, convnet_data(), allocation=budget)
     total = sum(m.numel() for m in masks.values())
     assert sum(int(m.sum()) for m in masks.values()) == total - round(0.85 * total)
     if budget != "global":
@@ -170,23 +170,23 @@ def test_every_method_is_exact_under_every_budget(method, budget):
 
 def test_iterative_rounds_under_erk_end_on_erk_counts():
     model = convnet()
-    masks = prune_at_init(model, "synflow", 0.95, convnet_data(), iterations=4, budget="erk")
+    masks = prune_at_init(model, "synflow", 0.95, convnet_data(), iterations=4, allocation="erk")
     shapes = {n: m.shape for n, m in masks.items()}
     assert {n: int(m.sum()) for n, m in masks.items()} == layer_counts(shapes, 0.95, "erk")
 
 
 def test_bad_budget_names_the_valid_ones():
-    with pytest.raises(ValueError, match=r"budget must be one of \['global', 'uniform', 'er'"):
-        prune_at_init(convnet(), "magnitude", 0.5, budget="ERK")
+    with pytest.raises(ValueError, match=r"allocation must be one of \['global', 'uniform', 'er'"):
+        prune_at_init(convnet(), "magnitude", 0.5, allocation="ERK")
 
 
 def test_sparsity_zero_is_a_no_op_scored_once(monkeypatch):
     import gradsift.pruning.at_init as at_init
 
     calls = []
-    real = at_init.score
+    real = at_init.run_criterion
     monkeypatch.setattr(
-        at_init, "score", lambda *a, **kw: calls.append(1) or real(*a, **kw)
+        at_init, "run_criterion", lambda *a, **kw: calls.append(1) or real(*a, **kw)
     )
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3))

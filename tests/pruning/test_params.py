@@ -38,3 +38,45 @@ def test_scoring_keeps_model_identity():
     gradsift.score(model, "grasp", batches(4, n=6), samples_per_class=2)
     for p, q in zip(model.parameters(), ref.parameters()):
         assert torch.equal(p, q)
+
+
+class Conv1D(torch.nn.Module):
+    """Hugging Face's ``transformers.pytorch_utils.Conv1D``, as it is written there:
+    ``x @ weight + bias`` with ``weight`` shaped ``(in, out)``."""
+
+    def __init__(self, nf, nx):
+        super().__init__()
+        self.nf = nf
+        self.weight = torch.nn.Parameter(torch.randn(nx, nf) * 0.02)
+        self.bias = torch.nn.Parameter(torch.zeros(nf))
+
+    def forward(self, x):
+        return torch.addmm(self.bias, x.view(-1, x.size(-1)), self.weight)
+
+
+def test_default_selection_covers_hf_conv1d():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(Conv1D(16, 8), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+    assert list(prunable(model)) == ["0.weight", "2.weight"]
+    masks = gradsift.prune_at_init(model, "magnitude", 0.5)
+    assert int(masks["0.weight"].sum()) + int(masks["2.weight"].sum()) == (128 + 48) // 2
+
+
+def test_default_selection_warns_when_it_covers_less_than_half():
+    class Tagger(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(100, 16)
+            self.head = torch.nn.Linear(16, 3)
+
+        def forward(self, ids):
+            return self.head(self.emb(ids).mean(1))
+
+    with pytest.warns(UserWarning, match=r"covers 48 of the model's 1651 .*params="):
+        prunable(Tagger())
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        prunable(Tagger(), params=["emb.weight", "head.weight"])  # chosen: no warning
+        prunable(mlp())

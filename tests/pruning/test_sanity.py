@@ -18,7 +18,7 @@ def counts(masks):
 
 
 def plain_masks(method, budget):
-    return prune_at_init(convnet(), method, SPARSITY, convnet_data(), budget=budget)
+    return prune_at_init(convnet(), method, SPARSITY, convnet_data(), allocation=budget)
 
 
 @pytest.mark.parametrize("budget", ["global", "uniform", "erk"])
@@ -27,7 +27,7 @@ def test_sanity_keeps_the_budget_exact(sanity, budget):
     model = convnet()
     gen = torch.Generator().manual_seed(5)
     masks = prune_at_init(
-        model, "snip", SPARSITY, convnet_data(), budget=budget, sanity=sanity, generator=gen
+        model, "snip", SPARSITY, convnet_data(), allocation=budget, sanity=sanity, generator=gen
     )
     total = sum(m.numel() for m in masks.values())
     assert sum(counts(masks).values()) == total - round(SPARSITY * total)
@@ -44,9 +44,9 @@ def test_sanity_keeps_the_budget_exact(sanity, budget):
 
 def test_invert_keeps_the_lowest_scores():
     model = convnet()
-    masks = prune_at_init(model, "magnitude", SPARSITY, budget="uniform", sanity="invert")
+    masks = prune_at_init(model, "magnitude", SPARSITY, allocation="uniform", sanity="invert")
     scores = gradsift.score(convnet(), "magnitude")
-    expected = masks_from_scores({n: -s for n, s in scores.items()}, SPARSITY, budget="uniform")
+    expected = masks_from_scores({n: -s for n, s in scores.items()}, SPARSITY, allocation="uniform")
     for n in masks:
         assert torch.equal(masks[n], expected[n])
         kept, pruned = scores[n][masks[n] > 0], scores[n][masks[n] == 0]
@@ -55,7 +55,7 @@ def test_invert_keeps_the_lowest_scores():
 
 def test_invert_is_applied_every_round_and_stays_monotone():
     masks = prune_at_init(
-        convnet(), "synflow", 0.9, convnet_data(), iterations=3, budget="erk", sanity="invert"
+        convnet(), "synflow", 0.9, convnet_data(), iterations=3, allocation="erk", sanity="invert"
     )
     shapes = {n: m.shape for n, m in masks.items()}
     assert counts(masks) == layer_counts(shapes, 0.9, "erk")

@@ -5,6 +5,7 @@ check so that the CLI and the API reject the same values with the same words."""
 from __future__ import annotations
 
 import argparse
+import sys
 
 from gradsift.checks import check_float
 
@@ -13,7 +14,8 @@ __all__ = [
     "number",
     "positive_int",
     "list_of",
-    "budget",
+    "Renamed",
+    "allocation",
     "sanity",
     "device",
     "sparsity",
@@ -67,10 +69,10 @@ density = number("density", "(0, 1]")
 lr = number("lr", "(0, inf)")
 
 
-def budget(text: str) -> str:
-    from gradsift.pruning.budgets import check_budget
+def allocation(text: str) -> str:
+    from gradsift.pruning.allocation import check_allocation
 
-    return checked(check_budget)(text)
+    return checked(check_allocation)(text)
 
 
 def sanity(text: str) -> str:
@@ -97,3 +99,16 @@ def device(text: str) -> str:
     if device.type not in ("cpu", "cuda"):
         raise argparse.ArgumentTypeError(f"{text!r}: gradsift runs on cpu or cuda devices")
     return text
+
+
+class Renamed(argparse.Action):
+    """``store``, and a warning on stderr when an option is given by its deprecated
+    name (any spelling with ``budget`` in it: the layer allocation's older name)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if option_string and "budget" in option_string:
+            sys.stderr.write(
+                f"gradsift: warning: {option_string} is deprecated; use "
+                f"{self.option_strings[0]} (same values)\n"
+            )
+        setattr(namespace, self.dest, values)

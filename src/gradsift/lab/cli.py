@@ -11,7 +11,10 @@ import sys
 
 from gradsift.lab import commands
 from gradsift.lab.arg_types import (
-    budget as _budget,
+    Renamed as _Renamed,
+)
+from gradsift.lab.arg_types import (
+    allocation as _allocation,
 )
 from gradsift.lab.arg_types import (
     checked as _checked,
@@ -71,7 +74,6 @@ def _command(sub, name: str, help: str) -> argparse.ArgumentParser:  # noqa: A00
     p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS)
     return p
 
-
 def _add_common(
     p: argparse.ArgumentParser, *, method_required: bool = False, sweep: bool = False
 ) -> None:
@@ -91,10 +93,13 @@ def _add_common(
         )
         p.add_argument("--sparsity", type=_sparsity, default=0.9, help="fraction pruned")
         p.add_argument(
+            "--allocation",
             "--budget",
-            type=_budget,
+            type=_allocation,
             default="global",
-            help="layer-wise budget: global, uniform, er, erk, uniform+dense-first",
+            action=_Renamed,
+            help="how the kept weights are spread over layers: global, uniform, er, erk, "
+            "uniform+dense-first (--budget: its deprecated name)",
         )
         p.add_argument(
             "--sanity",
@@ -189,11 +194,11 @@ def _train_parsers(sub) -> None:
     )
     w.add_argument("--seeds", type=_list_of(int), default=[0, 1, 2], help="comma-separated")
     w.add_argument(
-        "--budgets",
-        "--budget",
-        type=_list_of(_budget),
+        *("--allocations", "--allocation", "--budgets", "--budget"),
+        type=_list_of(_allocation),
         default=["global"],
-        help="comma-separated layer-wise budgets (global, uniform, er, erk, uniform+dense-first)",
+        action=_Renamed,
+        help="comma-separated layer allocations (--budgets: deprecated)",
     )
     w.add_argument(
         "--shuffle", action="store_true", help="also run each with layer-wise shuffled masks"
@@ -237,7 +242,8 @@ def _study_parsers(sub) -> None:
     b.add_argument(
         "--device",
         default="cpu",
-        help="select, step, iteration: 'cuda' times them on a GPU (CUDA events)",
+        help="select, step, iteration: 'cuda' times them on a GPU (CUDA events); "
+        "prune-memory: 'cuda' measures torch.cuda.max_memory_allocated",
     )
     b.add_argument(
         "--bandwidth",
@@ -249,6 +255,12 @@ def _study_parsers(sub) -> None:
         "--steps", type=_positive_int, default=13, help="ddp: steps per hook (3 untimed)"
     )
     b.add_argument("--batch", type=_positive_int, default=8, help="ddp: batch per rank")
+    b.add_argument(
+        "--width",
+        type=_positive_int,
+        default=4096,
+        help="prune-memory: the MLP's width (four Linear(width, width) layers)",
+    )
     b.set_defaults(func=commands.bench)
 
 

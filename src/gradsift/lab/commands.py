@@ -47,7 +47,7 @@ def _spec(args: argparse.Namespace, **overrides):
         seed=args.seed,
         train=cfg,
         data_root=args.data_root,
-        budget=getattr(args, "budget", "global"),  # a sweep names budgets in overrides
+        budget=getattr(args, "allocation", "global"),  # a sweep names them in overrides
         sanity=getattr(args, "sanity", None),
     )
     fields.update(overrides)
@@ -115,7 +115,7 @@ def prune(args: argparse.Namespace) -> int:
         args.sparsity,
         iterations=args.iterations,
         seed=args.seed,
-        budget=args.budget,
+        allocation=args.allocation,
         sanity=args.sanity,
     )
     report = sparsity_report(model)
@@ -172,14 +172,14 @@ def sweep(args: argparse.Namespace) -> int:
         for m in methods
         for s in args.sparsities
         for seed in args.seeds
-        for b in args.budgets
+        for b in args.allocations
         for v in variants
     ]
     out = Path(args.out)
     path = out / "results.json"
 
     def report(r):
-        budget = "" if r["budget"] == "global" else f" budget {r['budget']}"
+        budget = "" if r["budget"] == "global" else f" allocation {r['budget']}"
         sanity = f" {r['sanity']}" if r["sanity"] else ""
         print(
             f"  {r['method']:>9} sparsity {r['sparsity']:.3f} seed {r['seed']}"
@@ -226,7 +226,7 @@ def bench(args: argparse.Namespace) -> int:
     run, columns = BENCHES[args.what]
     if args.what == "iteration":
         run = partial(run, device=args.device)
-    elif args.device != "cpu":
+    elif args.device != "cpu" and args.what != "prune-memory":
         run, columns = _gpu_bench(args)
     if args.what == "ddp":
         ddp = {"model": args.model, "steps": args.steps, "batch": args.batch}
@@ -236,6 +236,8 @@ def bench(args: argparse.Namespace) -> int:
         options = {"repeats": args.repeats}
         if args.what == "select" and args.sizes:
             options["sizes"] = args.sizes
+        if args.what == "prune-memory":
+            options.update(device=args.device, width=args.width)
         rows = run(**options)
     print(render(rows, columns))
     if args.json:

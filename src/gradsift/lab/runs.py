@@ -47,7 +47,7 @@ class RunSpec:
     seed: int = 0
     train: TrainConfig = field(default_factory=TrainConfig)
     data_root: str | None = None
-    budget: str = "global"  # a name of gradsift.pruning.BUDGETS
+    budget: str = "global"  # the layer allocation, gradsift.pruning.ALLOCATIONS (stored name)
     sanity: str | None = None  # a name of gradsift.pruning.SANITY
 
     @property
@@ -116,14 +116,14 @@ def prune_for_run(
     iterations: int = 1,
     seed: int = 0,
     shuffle: bool = False,
-    budget: str = "global",
+    allocation: str = "global",
     sanity: str | None = None,
 ) -> dict:
     """Prune ``model`` at init on ``ds``'s training set as every run does; the masks.
 
     Seeded batches of 128; every option the method takes from what a run knows
     (``seed``, ``num_classes``, and 10 samples per class: digits' train split holds at
-    least 120 of each); ``budget`` and the ``sanity`` variant (or ``shuffle``, its
+    least 120 of each); ``allocation`` and the ``sanity`` variant (or ``shuffle``, its
     older form) as ``prune_at_init`` takes them, their randomness seeded by ``seed``.
     """
     batches = torch.utils.data.DataLoader(
@@ -136,7 +136,7 @@ def prune_for_run(
         sparsity,
         batches,
         iterations=iterations,
-        budget=budget,
+        allocation=allocation,
         shuffle=shuffle,
         sanity=sanity,
         generator=torch.Generator().manual_seed(seed),
@@ -163,7 +163,7 @@ def run_one(
             spec.sparsity,
             iterations=spec.iterations,
             seed=spec.seed,
-            budget=spec.budget,
+            allocation=spec.budget,
             sanity=spec.variant,
         )
     prune_seconds = time.perf_counter() - start

@@ -1,10 +1,10 @@
-"""Pruning at initialization: criteria (a registry, one file each), layer-wise
-budgets, masks, installation through ``torch.nn.utils.prune``, sanity checks,
+"""Pruning at initialization: criteria (a registry, one file each), layer
+allocation, masks, installation through ``torch.nn.utils.prune``, sanity checks,
 reports."""
 
 from gradsift.pruning import methods  # noqa: F401  (registers the built-in criteria)
+from gradsift.pruning.allocation import ALLOCATIONS, layer_counts, layer_densities
 from gradsift.pruning.at_init import prune_at_init
-from gradsift.pruning.budgets import BUDGETS, layer_counts, layer_densities
 from gradsift.pruning.masks import apply_masks_, masks_from_scores, shuffle_masks
 from gradsift.pruning.registry import (
     get_method,
@@ -18,7 +18,10 @@ from gradsift.pruning.report import SparsityReport, sparsity_report
 from gradsift.pruning.sampling import class_balanced_sample
 from gradsift.pruning.sanity import SANITY
 
+BUDGETS = ALLOCATIONS  # the older name, kept for one release
+
 __all__ = [
+    "ALLOCATIONS",
     "BUDGETS",
     "SANITY",
     "SparsityReport",

@@ -19,10 +19,11 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from gradsift.pruning.budgets import check_budget
-from gradsift.pruning.masks import apply_masks_, check_sparsity, masks_from_scores
+from gradsift.budget import kept_count
+from gradsift.pruning.allocation import check_allocation
+from gradsift.pruning.masks import apply_masks_, check_sparsity, select
 from gradsift.pruning.params import Selector, mask_of, prunable
-from gradsift.pruning.registry import checked_options, get_method, score
+from gradsift.pruning.registry import checked_options, get_method, run_criterion
 from gradsift.pruning.sampling import replayable
 from gradsift.pruning.sanity import check_sanity, inverted, sanity_masks_
 from gradsift.pruning.schedules import round_sparsities
@@ -36,7 +37,7 @@ def prune_at_init(
     sparsity: float,
     data: Iterable | None = None,
     *,
-    budget=None,
+    allocation=None,
     scope: str | None = None,
     iterations: int = 1,
     schedule: str = "exponential",
@@ -45,6 +46,7 @@ def prune_at_init(
     sanity: str | None = None,
     generator: torch.Generator | None = None,
     params: Selector = None,
+    budget=None,
     **options,
 ) -> dict[str, torch.Tensor]:
     """Prune ``model`` in place before training; return the installed masks.
@@ -61,10 +63,11 @@ def prune_at_init(
             variant still applies).
         data: ``(inputs, targets)`` batches for data-driven methods; a one-pass
             generator is read once and every round sees the same batches.
-        budget: ``"global"`` (default) ranks all layers together; ``"uniform"``,
-            ``"er"``, ``"erk"``, ``"uniform+dense-first"`` or a callable fix each
-            layer's exact count and rank within it (``gradsift.pruning.budgets``).
-        scope: the older name: ``"layer"`` is ``budget="uniform"``.
+        allocation: how the kept weights are spread over the layers: ``"global"``
+            (default) ranks all layers together; ``"uniform"``, ``"er"``, ``"erk"``,
+            ``"uniform+dense-first"`` or a callable fix each layer's exact count and
+            rank within it (``gradsift.pruning.allocation``).
+        scope: the older name: ``"layer"`` is ``allocation="uniform"``.
         iterations: rounds of score-then-prune (SynFlow uses 100). A method with its own
             schedule (``get_method(m).takes_sparsity``) runs it within each round.
         schedule: ``"exponential"`` (density ``ρ^(i/n)``) or ``"linear"``.
@@ -74,14 +77,24 @@ def prune_at_init(
             ``"shuffle-layer"`` or ``"shuffle-global"`` (``gradsift.pruning.sanity``).
         generator: RNG for the shuffles and ``"reinit"``.
         params: which weights (see ``gradsift.score``).
+        budget: the deprecated name of ``allocation`` (a ``DeprecationWarning``).
         **options: passed to the scorer (see ``gradsift.score``).
 
     Returns:
-        ``{name: mask}`` (float 0/1 tensors shaped like the weights), the masks
-        installed (a weight pruned before stays pruned).
+        ``{name: mask}``: the model's installed ``*_mask`` buffers themselves (0/1
+        tensors of the weight's dtype, on its device; not copies, so clone them to keep
+        a snapshot across later pruning). A weight pruned before stays pruned.
+
+    Memory: one round holds the scores or their one flat copy, never both whole
+    (``gradsift.pruning.masks.select``; the flat buffer is not kept between rounds, so
+    it never meets the next round's scores), a byte per weight for the boolean
+    masks and, for a criterion with a rescorer (SynFlow, NTK-SAP), its private copy;
+    such a criterion's masks are installed once its rounds are done. What
+    ``torch.nn.utils.prune`` keeps afterwards (a mask buffer and the masked
+    ``weight`` beside ``weight_orig``) is twice the selected weights' bytes.
     """
     check_sparsity(sparsity)
-    budget = check_budget(budget, scope)
+    allocation = check_allocation(allocation, scope, budget=budget)
     sanity = check_sanity(sanity, shuffle)
     targets = round_sparsities(sparsity, iterations, schedule)
     if sparsity == 0:
@@ -91,23 +104,30 @@ def prune_at_init(
     rescore = None
     if entry.rescorer is not None and len(targets) > 1:  # cheap rounds when it has them
         rescore = entry.rescorer(model, data, params=params, **checked_options(method, options))
-    masks, workspace = _installed(model, params, sparsity), {}
-    for target in targets:
+    masks = _installed(model, params, sparsity)
+    for i, target in enumerate(targets):
         if rescore is not None:
             scores = rescore(masks)
         else:
             target_option = {"sparsity": target} if entry.takes_sparsity else {}
-            scores = score(model, method, data, params=params, **options, **target_option)
-        masks = masks_from_scores(
+            scores = run_criterion(
+                model, method, data, params=params, warn=False, **options, **target_option
+            )
+        masks = select(
             inverted(scores, sanity),
             target,
-            budget=budget,
+            allocation=allocation,
             previous=masks,
             min_per_layer=min_per_layer,
-            workspace=workspace,
+            consume=True,
         )
-        apply_masks_(model, masks)
-    return sanity_masks_(model, masks, sanity, generator=generator)
+        del scores
+        if rescore is None and i < len(targets) - 1:  # the next round scores the model
+            apply_masks_(model, masks)
+    del rescore  # the rescorer's private copy
+    apply_masks_(model, masks)
+    sanity_masks_(model, masks, sanity, generator=generator)
+    return {name: mask_of(m, a) for name, (m, a) in prunable(model, list(masks)).items()}
 
 
 def _installed(model: nn.Module, params: Selector, sparsity: float) -> dict | None:
@@ -123,7 +143,7 @@ def _installed(model: nn.Module, params: Selector, sparsity: float) -> dict | No
     }
     total = sum(mask.numel() for mask in masks.values())
     pruned = total - sum(int(torch.count_nonzero(mask)) for mask in masks.values())
-    if pruned > round(sparsity * total):
+    if pruned > total - kept_count(total, sparsity):
         warnings.warn(
             f"prune_at_init: the model already has {100 * pruned / total:.1f}% of the "
             f"selected weights pruned, more than sparsity={sparsity}; pruned weights stay "

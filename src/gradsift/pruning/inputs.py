@@ -6,6 +6,15 @@ b.items() if k != "labels"}, b["labels"])``). ``inputs`` is a tensor (``model(x)
 tuple or list of positional arguments (``model(*x)``) or a mapping of keyword
 arguments (``model(**x)``); every tensor in it has the batch as its first dimension.
 ``loss_fn(model_output, targets)`` turns the output, of any type, into a scalar.
+
+Every criterion reads its batches through ``gradsift.pruning.sampling.batches`` (which
+calls ``split``) and calls the model through ``forward``, with its own parameters or,
+for those that differentiate through substituted weights, with ``parameters=``
+(``torch.func.functional_call``, tied weights tied). The data-free criteria (SynFlow,
+NTK-SAP) make their own real-valued inputs and read only a shape from ``data``:
+``real_inputs`` refuses, before any work, data whose inputs are not one floating
+tensor (token ids, dicts), and ``refuse_token_ids`` stops an embedding from being fed
+their real-valued inputs as ids.
 """
 
 from __future__ import annotations
@@ -15,7 +24,17 @@ from collections.abc import Callable, Mapping
 import torch
 from torch import nn
 
-__all__ = ["forward", "index", "join", "num_samples", "split", "to_device"]
+__all__ = [
+    "arguments",
+    "forward",
+    "index",
+    "join",
+    "num_samples",
+    "real_inputs",
+    "refuse_token_ids",
+    "split",
+    "to_device",
+]
 
 
 def split(batch, split_batch: Callable | None = None):
@@ -65,13 +84,68 @@ def join(parts: list):
     return first
 
 
-def forward(model: nn.Module, inputs):
-    """``model`` called on ``inputs`` as the module docstring says."""
+def arguments(inputs) -> tuple[tuple, dict]:
+    """``(args, kwargs)`` of the call ``forward`` makes: ``model(**inputs)`` for a
+    mapping, ``model(*inputs)`` for a tuple or list, ``model(inputs)`` otherwise."""
     if isinstance(inputs, Mapping):
-        return model(**inputs)
+        return (), dict(inputs)
     if isinstance(inputs, (tuple, list)):
-        return model(*inputs)
-    return model(inputs)
+        return tuple(inputs), {}
+    return (inputs,), {}
+
+
+def forward(model: nn.Module, inputs, parameters: dict | None = None):
+    """``model`` called on ``inputs`` as the module docstring says; with
+    ``parameters`` (``{name: tensor}``, any subset of the model's parameters) through
+    ``torch.func.functional_call``, a tensor tied to others standing for all of them."""
+    args, kwargs = arguments(inputs)
+    if parameters is None:
+        return model(*args, **kwargs)
+    from torch.func import functional_call
+
+    return functional_call(model, parameters, args, kwargs, tie_weights=True, strict=False)
+
+
+def real_inputs(data, method: str, split_batch: Callable | None = None) -> torch.Tensor:
+    """The inputs of ``data``'s first batch, for a data-free criterion that reads only
+    their shape; a ``ValueError`` unless they are one floating tensor."""
+    first = next(iter(data), None)
+    if first is None:
+        raise ValueError("data yielded no batches")
+    x, _ = split(first, split_batch)
+    if isinstance(x, torch.Tensor) and x.is_floating_point():
+        return x
+    kind = f"a {x.dtype} tensor" if isinstance(x, torch.Tensor) else f"a {type(x).__name__}"
+    raise ValueError(
+        f"{method} is data-free: it feeds the network real-valued inputs of its own and "
+        f"reads only their shape from data=, whose inputs must be one floating tensor; "
+        f"got {kind} (pass input_shape= to give the shape itself). Models that take "
+        "token ids or several inputs are not supported (score them with snip, grasp, "
+        "force, iter_snip, prospr, magnitude or random)"
+    )
+
+
+def refuse_token_ids(model: nn.Module, method: str) -> None:
+    """Make every embedding of ``model`` (a private copy) raise a ``ValueError`` when a
+    data-free criterion's real-valued input reaches it as ids (an embedding fed ids
+    made inside the model is left alone)."""
+    for name, module in model.named_modules():
+        if isinstance(module, (nn.Embedding, nn.EmbeddingBag)):
+            module.register_forward_pre_hook(_RefuseReal(method, name, type(module).__name__))
+
+
+class _RefuseReal:
+    def __init__(self, method: str, name: str, kind: str):
+        self.method, self.name, self.kind = method, name, kind
+
+    def __call__(self, module, args):
+        if args and isinstance(args[0], torch.Tensor) and args[0].is_floating_point():
+            raise ValueError(
+                f"{self.method} feeds the network a real-valued input, and nn.{self.kind} "
+                f"{self.name!r} received it as token ids; {self.method} is defined for "
+                "networks whose input is real-valued, so models that take token ids are "
+                "not supported (score them with snip, grasp, magnitude or random)"
+            )
 
 
 def num_samples(targets) -> int:

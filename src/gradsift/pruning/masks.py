@@ -4,8 +4,8 @@ Exactly ``round(sparsity * N)`` weights are removed: the kept set is an exact to
 of the scores (``gradsift.select.topk_mask`` with ``absolute=False``, since signed
 scores such as GraSP's must not be ranked by magnitude), ties broken toward the
 lowest index in the concatenation of the layers in model order. There is no
-``<=``-threshold over-pruning on ties. Under a layer-wise budget
-(``gradsift.pruning.budgets``) the same top-k runs in each layer on that layer's
+``<=``-threshold over-pruning on ties. Under a layer-wise allocation
+(``gradsift.pruning.allocation``) the same top-k runs in each layer on that layer's
 exact count.
 
 Masks are monotone: weights pruned by an earlier mask are never revived.
@@ -18,17 +18,21 @@ learned *which* weights matter or only *how many* per layer.
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import torch
 from torch import nn
 from torch.nn.utils import prune
 
+from gradsift.budget import kept_count
 from gradsift.checks import check_float, check_int, has_nan
-from gradsift.pruning.budgets import check_budget, layer_counts
+from gradsift.pruning.allocation import check_allocation, layer_counts
 from gradsift.pruning.params import mask_of, original, owners, prunable
 from gradsift.pruning.shared import refresh_readers_
 from gradsift.select import topk_indices, topk_mask
 
-__all__ = ["masks_from_scores", "apply_masks_", "shuffle_masks", "check_sparsity"]
+__all__ = ["masks_from_scores", "apply_masks_", "shuffle_masks", "check_sparsity", "select"]
 
 
 def check_sparsity(sparsity: float) -> float:
@@ -39,11 +43,12 @@ def masks_from_scores(
     scores: dict[str, torch.Tensor],
     sparsity: float,
     *,
-    budget=None,
+    allocation=None,
     scope: str | None = None,
     previous: dict[str, torch.Tensor] | None = None,
     min_per_layer: int = 0,
     workspace: dict | None = None,
+    budget=None,
 ) -> dict[str, torch.Tensor]:
     """Binary masks (same dtype as the weight would use: float) keeping the top scores.
 
@@ -51,85 +56,137 @@ def masks_from_scores(
         scores: ``{name: score}``; higher keeps.
         sparsity: fraction removed, in [0, 1); ``round(sparsity * N)`` of the ``N``
             scored weights are removed.
-        budget: ``"global"`` (default: one ranking over all layers), ``"uniform"``,
+        allocation: ``"global"`` (default: one ranking over all layers), ``"uniform"``,
             ``"er"``, ``"erk"``, ``"uniform+dense-first"`` or a callable: fixed
-            per-layer counts, ranked within each layer (``gradsift.pruning.budgets``).
-        scope: the older name: ``"global"``, or ``"layer"`` for ``budget="uniform"``.
+            per-layer counts, ranked within each layer (``gradsift.pruning.allocation``).
+        scope: the older name: ``"global"``, or ``"layer"`` for ``allocation="uniform"``.
         previous: masks already installed; their zeros stay zero (the count removed
             is then at least what they removed).
         min_per_layer: keep at least this many weights in every layer (the best
             scored ones), guarding against layer collapse; the total stays exact.
         workspace: a dict reused across calls (iterative pruning) to hold the flat
             score buffer: a fresh buffer of hundreds of MB page-faults on every call.
+        budget: the deprecated name of ``allocation`` (a ``DeprecationWarning``).
+
+    Memory: the scores are copied once into one flat buffer of their common dtype
+    (at least float32, so float32 and float64 scores rank exactly as given), in the
+    scores' device; the selection adds one byte per weight (a boolean mask) and
+    never sorts. A weight pruned by ``previous`` holds the dtype's lowest finite
+    value, every live score is clamped just above it (a live ``-inf`` ties with the
+    lowest finite scores), so no infinite key reaches the selection.
     """
+    masks = select(
+        scores,
+        sparsity,
+        allocation=check_allocation(allocation, scope, budget=budget),
+        previous=previous,
+        min_per_layer=min_per_layer,
+        workspace=workspace,
+    )
+    return {n: m.float() for n, m in masks.items()}
+
+
+def select(
+    scores: dict[str, torch.Tensor],
+    sparsity: float,
+    *,
+    allocation="global",
+    previous: dict[str, torch.Tensor] | None = None,
+    min_per_layer: int = 0,
+    workspace: dict | None = None,
+    consume: bool = False,
+) -> dict[str, torch.Tensor]:
+    """``masks_from_scores`` as boolean masks; ``consume=True`` removes each score from
+    ``scores`` once copied into the flat buffer, so that a caller which owns the dict
+    never holds the scores and their flat copy at once."""
     check_sparsity(sparsity)
-    budget = check_budget(budget, scope)
     min_per_layer = check_int("min_per_layer", min_per_layer, minimum=0)
     names = list(scores)
+    shapes = {n: scores[n].shape for n in names}
     for n in names:
         if has_nan(scores[n]):
             raise ValueError(f"scores[{n!r}] contains NaN; cannot rank it")
-    keys = {n: _alive_keys(scores[n], None if previous is None else previous.get(n)) for n in names}
-    if budget != "global":
-        shapes = {n: scores[n].shape for n in names}
-        alive = {n: _alive(keys[n]) for n in names}
-        counts = layer_counts(shapes, sparsity, budget, caps=alive, floor=min_per_layer)
-        return {n: _keep_top(keys[n], counts[n]).view_as(scores[n]) for n in names}
-    flat = torch.cat([keys[n].reshape(-1) for n in names], out=_buffer(workspace, keys, names))
-    keep = _kept_count(flat, sparsity)
-    if min_per_layer:
-        flat = _reserve(flat, [keys[n].numel() for n in names], min_per_layer, keep)
-    mask = _keep_top(flat, keep)
-    out, offset = {}, 0
+    flat = _buffer(workspace, scores, names)
+    alive, offset = {}, 0
     for n in names:
-        size = scores[n].numel()
-        out[n] = mask[offset : offset + size].view_as(scores[n])
+        part = flat[offset : offset + scores[n].numel()]
+        alive[n] = _fill_keys_(part, scores[n], None if previous is None else previous.get(n))
+        offset += part.numel()
+        if consume:
+            del scores[n]
+    if allocation != "global":
+        counts = layer_counts(shapes, sparsity, allocation, caps=alive, floor=min_per_layer)
+        return _split(flat, shapes, lambda part, n: _keep_top(part, counts[n]))
+    keep = min(sum(alive.values()), kept_count(flat.numel(), sparsity))
+    if min_per_layer:
+        _reserve_(flat, [math.prod(shapes[n]) for n in names], alive, min_per_layer, keep)
+    mask = _keep_top(flat, keep)
+    return _split(mask, shapes, lambda part, n: part)
+
+
+def _split(flat: torch.Tensor, shapes: dict, fn) -> dict[str, torch.Tensor]:
+    """``fn(slice, name)`` of each layer's slice of ``flat``, shaped like the layer."""
+    out, offset = {}, 0
+    for n, shape in shapes.items():
+        size = math.prod(shape)
+        out[n] = fn(flat[offset : offset + size], n).view(shape)
         offset += size
     return out
 
 
-def _buffer(workspace: dict | None, keys: dict, names: list) -> torch.Tensor | None:
-    if workspace is None:
-        return None
-    n = sum(keys[name].numel() for name in names)
-    first = keys[names[0]]
-    buf = workspace.get("flat")
-    if buf is None or buf.numel() != n or buf.device != first.device:
-        buf = workspace["flat"] = torch.empty(n, dtype=first.dtype, device=first.device)
+def _key_dtype(scores: dict) -> torch.dtype:
+    dtype = torch.float32
+    for s in scores.values():
+        dtype = torch.promote_types(dtype, s.dtype)
+    return dtype if dtype.is_floating_point else torch.float64
+
+
+def _buffer(workspace: dict | None, scores: dict, names: list) -> torch.Tensor:
+    n = sum(scores[name].numel() for name in names)
+    dtype, device = _key_dtype(scores), scores[names[0]].device
+    buf = None if workspace is None else workspace.get("flat")
+    if buf is None or buf.numel() != n or buf.device != device or buf.dtype != dtype:
+        buf = torch.empty(n, dtype=dtype, device=device)
+        if workspace is not None:
+            workspace["flat"] = buf
     return buf
 
 
-def _alive_keys(score: torch.Tensor, previous: torch.Tensor | None) -> torch.Tensor:
-    key = score.detach().reshape(-1).to(torch.float64, copy=True)
-    if previous is not None:
-        key.masked_fill_(previous.reshape(-1).to(key.device) == 0, -torch.inf)
-    return key
+def _dead_key(dtype: torch.dtype) -> float:
+    """The key of a weight pruned before: the lowest finite value of ``dtype``."""
+    return torch.finfo(dtype).min
 
 
-def _alive(keys: torch.Tensor) -> int:
-    return int(torch.count_nonzero(keys > -torch.inf))
+def _live_floor(dtype: torch.dtype) -> float:
+    """The lowest key a live weight may have: just above ``_dead_key``."""
+    np_dtype = {torch.float32: np.float32, torch.float64: np.float64}[dtype]
+    return float(np.nextafter(np_dtype(torch.finfo(dtype).min), np_dtype(0)))
 
 
-def _kept_count(keys: torch.Tensor, sparsity: float) -> int:
-    n = keys.numel()
-    return min(_alive(keys), n - round(sparsity * n))
+def _fill_keys_(part: torch.Tensor, score: torch.Tensor, previous) -> int:
+    """Write ``score``'s keys into ``part``; return how many weights are alive."""
+    part.copy_(score.detach().reshape(-1))
+    part.clamp_(min=_live_floor(part.dtype))
+    if previous is None:
+        return part.numel()
+    dead = previous.detach().reshape(-1).to(part.device) == 0
+    part.masked_fill_(dead, _dead_key(part.dtype))
+    return part.numel() - int(torch.count_nonzero(dead))
 
 
 def _keep_top(keys: torch.Tensor, keep: int) -> torch.Tensor:
     if keep == 0:
-        return torch.zeros(keys.numel(), dtype=torch.float32, device=keys.device)
-    return topk_mask(keys.reshape(-1), keep, absolute=False).float()
+        return torch.zeros(keys.numel(), dtype=torch.bool, device=keys.device)
+    return topk_mask(keys.reshape(-1), keep, absolute=False)
 
 
-def _reserve(flat: torch.Tensor, sizes: list[int], per_layer: int, keep: int) -> torch.Tensor:
+def _reserve_(flat: torch.Tensor, sizes: list[int], alive: dict, per_layer: int, keep: int):
     """Raise each layer's best ``per_layer`` live scores to +inf so they are kept."""
     reserved = 0
-    out = flat.clone()
     offset = 0
-    for size in sizes:
-        part = out[offset : offset + size]
-        alive = _alive(part)
-        m = min(per_layer, alive)
+    for size, n_alive in zip(sizes, alive.values()):
+        part = flat[offset : offset + size]
+        m = min(per_layer, n_alive)
         if m:
             part[topk_indices(part, m, absolute=False)] = torch.inf
         reserved += m
@@ -138,7 +195,6 @@ def _reserve(flat: torch.Tensor, sizes: list[int], per_layer: int, keep: int) ->
         raise ValueError(
             f"min_per_layer={per_layer} needs {reserved} weights but sparsity keeps only {keep}"
         )
-    return out
 
 
 def apply_masks_(

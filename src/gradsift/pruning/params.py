@@ -10,6 +10,7 @@ it; ``owners`` finds every module that holds it.
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -23,6 +24,7 @@ __all__ = [
     "owners",
     "device_of",
     "effective",
+    "is_conv1d",
     "leaves",
     "mask_of",
     "original",
@@ -39,10 +41,28 @@ _DEFAULT_TYPES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 _ATTENTION_WEIGHTS = ("in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight")
 
 
+# below this fraction of the model's parameters, the default selection warns
+DEFAULT_COVERAGE = 0.5
+
+
+def is_conv1d(module: nn.Module) -> bool:
+    """Whether ``module`` is Hugging Face's ``transformers.pytorch_utils.Conv1D`` (GPT-2's
+    projections): a linear map ``x @ weight + bias`` whose weight is ``(in, out)``, the
+    transpose of ``nn.Linear``'s. Recognised by name and layout, without importing
+    transformers."""
+    weight = getattr(module, "weight", None)
+    return (
+        type(module).__name__ == "Conv1D"
+        and isinstance(weight, torch.Tensor)
+        and weight.dim() == 2
+        and getattr(module, "nf", None) == weight.shape[1]
+    )
+
+
 def _default(module: nn.Module, attr: str) -> bool:
     if isinstance(module, nn.MultiheadAttention):
         return attr in _ATTENTION_WEIGHTS
-    return isinstance(module, _DEFAULT_TYPES) and attr == "weight"
+    return attr == "weight" and (isinstance(module, _DEFAULT_TYPES) or is_conv1d(module))
 
 
 def _held(module: nn.Module):
@@ -51,13 +71,18 @@ def _held(module: nn.Module):
         yield (attr[: -len("_orig")] if attr.endswith("_orig") else attr), tensor
 
 
-def prunable(model: nn.Module, params: Selector = None) -> dict[str, tuple[nn.Module, str]]:
+def prunable(
+    model: nn.Module, params: Selector = None, *, warn: bool = True
+) -> dict[str, tuple[nn.Module, str]]:
     """Map logical parameter names to ``(module, attribute)`` for the scored weights.
 
-    ``params``: None for the weights of Linear and Conv layers and the projection
-    weights of ``nn.MultiheadAttention`` (``in_proj_weight``; no biases, no norm
-    layers); a collection of names; or a predicate ``(name, module, tensor) -> bool``.
-    A tied tensor is selected once, under the first name that selects it.
+    ``params``: None for the weights of Linear and Conv layers, of Hugging Face's
+    ``Conv1D`` (GPT-2's blocks) and the projection weights of ``nn.MultiheadAttention``
+    (``in_proj_weight``; no biases, no norm layers, no embeddings unless tied to a
+    selected Linear); a collection of names; or a predicate ``(name, module, tensor)
+    -> bool``. A tied tensor is selected once, under the first name that selects it.
+    When the default selects less than ``DEFAULT_COVERAGE`` (half) of the model's
+    parameters, a ``UserWarning`` says so and names ``params=`` (``warn=False``: not).
     """
     found: dict[str, tuple[nn.Module, str]] = {}
     chosen: dict[int, str] = {}  # id(tensor) -> the name it was selected under
@@ -84,7 +109,33 @@ def prunable(model: nn.Module, params: Selector = None) -> dict[str, tuple[nn.Mo
             raise ValueError(f"params names not found in the model: {missing}")
     if not found:
         raise ValueError("no parameters selected for scoring (params=...)")
+    if params is None and warn:
+        _warn_coverage(model, found)
     return found
+
+
+def _warn_coverage(model: nn.Module, found: dict) -> None:
+    total = sum(t.numel() for t in {id(t): t for _, t in _all_held(model)}.values())
+    chosen = sum(original(m, a).numel() for m, a in found.values())
+    if total and chosen < DEFAULT_COVERAGE * total:
+        kinds = sorted(
+            {type(m).__name__ for m in model.modules() for _ in _held(m)}
+            - {type(m).__name__ for m, _ in found.values()}
+        )
+        warnings.warn(
+            f"the default parameter selection (Linear, Conv*, HF Conv1D and "
+            f"MultiheadAttention weights) covers {chosen} of the model's {total} "
+            f"parameters ({100 * chosen / total:.1f}%); weights of {kinds} are not "
+            "pruned. Pass params= (names or a predicate (name, module, tensor) -> bool) "
+            "to choose them",
+            UserWarning,
+            stacklevel=5,  # the user's call of score or prune_at_init
+        )
+
+
+def _all_held(model: nn.Module):
+    for module in model.modules():
+        yield from _held(module)
 
 
 def original(module: nn.Module, attr: str) -> torch.Tensor:
@@ -125,12 +176,15 @@ def device_of(model: nn.Module) -> torch.device:
 
 def param_path(model: nn.Module, module: nn.Module, attr: str) -> str:
     """The ``named_parameters`` name of the tensor behind ``module.attr`` in ``model``
-    (``..._orig`` when pruned), for ``torch.func.functional_call``."""
-    for name, m in model.named_modules():
-        if m is module:
-            real = attr + "_orig" if hasattr(m, attr + "_orig") else attr
-            return f"{name}.{real}" if name else real
-    raise ValueError(f"module {type(module).__name__} is not part of the model")
+    (``..._orig`` when pruned), for ``torch.func.functional_call``: for a tied tensor,
+    the one name ``named_parameters`` gives it (its first), whichever module holds it."""
+    tensor = original(module, attr)
+    if not any(m is module for m in model.modules()):
+        raise ValueError(f"module {type(module).__name__} is not part of the model")
+    for name, p in model.named_parameters():
+        if p is tensor:
+            return name
+    raise ValueError(f"{type(module).__name__}.{attr} is not a parameter of the model")
 
 
 def deepcopy_model(model: nn.Module) -> nn.Module:
@@ -162,7 +216,7 @@ def private_copy(model: nn.Module, params: Selector = None):
     for p in work.parameters():
         p.requires_grad_(False)
         p.grad = None
-    return work, prunable(work, params)
+    return work, prunable(work, params, warn=False)
 
 
 def leaves(targets: dict) -> list[torch.Tensor]:

@@ -33,6 +33,7 @@ __all__ = [
     "list_methods",
     "method_options",
     "register_method",
+    "run_criterion",
     "score",
     "supported_options",
 ]
@@ -49,7 +50,9 @@ class Method:
     its paper uses (SynFlow: 100), for harnesses that reproduce it; 1 for a criterion
     that runs its own schedule. ``takes_sparsity``: the criterion has a keyword-only
     ``sparsity`` option (it prunes in its own rounds towards that target, as FORCE
-    does); ``prune_at_init`` passes it the target.
+    does); ``prune_at_init`` passes it the target. ``reads_only``: the criterion
+    neither changes the model nor its flags (magnitude, random), so ``score`` hands it
+    the caller's model instead of a deep copy (one copy of the parameters saved).
     """
 
     name: str
@@ -57,6 +60,7 @@ class Method:
     defaults: dict = field(default_factory=dict)
     rescorer: Callable | None = None
     paper_iterations: int = 1
+    reads_only: bool = False
 
     @property
     def takes_sparsity(self) -> bool:
@@ -78,6 +82,7 @@ def register_method(
     *,
     rescorer: Callable | None = None,
     paper_iterations: int = 1,
+    reads_only: bool = False,
     replace: bool = False,
 ) -> Method:
     """Register ``fn`` as criterion ``name`` (see the module docstring for its
@@ -88,7 +93,7 @@ def register_method(
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
     if name in _METHODS and not replace:
         raise ValueError(f"method {name!r} is already registered (pass replace=True)")
-    method = Method(name, fn, dict(defaults or {}), rescorer, paper_iterations)
+    method = Method(name, fn, dict(defaults or {}), rescorer, paper_iterations, reads_only)
     unknown = sorted(set(method.defaults) - set(method.options()))
     if unknown:
         raise ValueError(f"defaults {unknown} are not keyword-only options of {name!r}")
@@ -146,6 +151,9 @@ def score(
 ) -> dict[str, torch.Tensor]:
     """Score every selected weight of ``model`` with ``method``; higher = keep.
 
+    (``run_criterion(..., warn=False)`` is the same without the default selection's
+    coverage warning, for ``prune_at_init``'s rounds, which warn once themselves.)
+
     Args:
         model: any ``nn.Module``; it is not modified.
         method: one of ``list_methods()``.
@@ -164,14 +172,32 @@ def score(
     Returns:
         ``{name: tensor shaped like the weight}``.
     """
+    return run_criterion(model, method, data, params=params, **options)
+
+
+def run_criterion(
+    model: nn.Module,
+    method: str,
+    data: Iterable | None = None,
+    *,
+    params: Selector = None,
+    warn: bool = True,
+    **options,
+) -> dict[str, torch.Tensor]:
+    """``score``; ``warn=False`` leaves out the default selection's coverage warning."""
     entry = get_method(method)
     options = checked_options(method, options)
     data = replayable(data)
-    prunable(model, params)  # validate names against the caller's model
+    prunable(model, params, warn=warn)  # validate names (and warn) on the caller's model
     devices = [d for d in {p.device for p in model.parameters()} if d.type == "cuda"]
     with torch.random.fork_rng(devices=devices):
-        work, targets = private_copy(model, params)
-        scores = entry.fn(work, targets, data, **options)
+        if entry.reads_only:  # no copy and no autograd: it only reads
+            targets = prunable(model, params, warn=False)
+            with torch.no_grad():
+                scores = entry.fn(model, targets, data, **options)
+        else:
+            work, targets = private_copy(model, params)
+            scores = entry.fn(work, targets, data, **options)
     _check_scores(method, scores, targets)
     return {name: scores[name].detach() for name in targets}
 

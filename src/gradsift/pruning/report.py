@@ -72,7 +72,7 @@ class SparsityReport:
 def sparsity_report(model: nn.Module, *, params: Selector = None) -> SparsityReport:
     """Kept/total weights per prunable layer (default: Linear and Conv weights)."""
     layers = []
-    for name, (module, attr) in prunable(model, params).items():
+    for name, (module, attr) in prunable(model, params, warn=False).items():
         mask = mask_of(module, attr)
         total = original(module, attr).numel()
         kept = total if mask is None else int((mask != 0).sum())

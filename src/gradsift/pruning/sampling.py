@@ -121,8 +121,9 @@ def class_balanced_sample(
             break
     _check_full(have, samples_per_class, read, max_batches)
     x = join([join(parts) for parts in xs])
-    y = torch.arange(num_classes).repeat_interleave(samples_per_class)
-    return to_device(x, device), y.to(device)
+    x = to_device(x, device)
+    y = torch.arange(num_classes, device=device).repeat_interleave(samples_per_class)
+    return x, y
 
 
 def _check_full(have: list, samples_per_class: int, read: int, max_batches) -> None:

@@ -71,10 +71,16 @@ def test_rescorer_equals_scoring_the_masked_model(method, rescorer):
 def test_synflow_says_that_embedding_inputs_are_not_supported():
     """Issue 15, case 15: the all-ones input is real-valued; a model whose input goes
     through ``nn.Embedding`` gets an error that says so, not an index-type error."""
-    with pytest.raises(ValueError, match=r"synflow.*nn\.Embedding 'embedding'.*token ids"):
+    with pytest.raises(ValueError, match=r"synflow is data-free.*torch\.int64 tensor"):
         gradsift.score(Tied(), "synflow", token_data())
+    shape = tuple(token_data()[0][0].shape[1:])
+    with pytest.raises(ValueError, match=r"synflow.*nn\.Embedding 'embedding'.*token ids"):
+        gradsift.score(Tied(), "synflow", input_shape=shape)
 
 
 def test_synflow_needs_a_tensor_input_to_read_the_shape():
-    with pytest.raises(ValueError, match="pass input_shape="):
+    with pytest.raises(TypeError, match="split_batch="):
         gradsift.score(mlp(), "synflow", dict_data())
+    split = lambda b: ({k: v for k, v in b.items() if k != "labels"}, b["labels"])  # noqa: E731
+    with pytest.raises(ValueError, match="pass input_shape="):
+        gradsift.score(mlp(), "synflow", dict_data(), split_batch=split)

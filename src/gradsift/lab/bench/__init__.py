@@ -4,7 +4,16 @@ Each is ``(function, columns)`` by name, for ``gradsift bench NAME`` and the spe
 study alike. Ratios are what to read; absolute times depend on the machine.
 """
 
-from gradsift.lab.bench import ddp_step, iteration, methods, scoring, selection, step, ties
+from gradsift.lab.bench import (
+    ddp_step,
+    iteration,
+    methods,
+    prune_memory,
+    scoring,
+    selection,
+    step,
+    ties,
+)
 
 BENCHES = {
     "select": (selection.bench_select, selection.COLUMNS),
@@ -14,6 +23,7 @@ BENCHES = {
     "methods": (methods.bench_methods, methods.COLUMNS),
     "ties": (ties.bench_ties, ties.COLUMNS),
     "iteration": (iteration.bench_iteration, iteration.COLUMNS),
+    "prune-memory": (prune_memory.bench_prune_memory, prune_memory.COLUMNS),
 }
 
 __all__ = ["BENCHES"]

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F  # noqa: N812
-from torch.func import functional_call
 
 from gradsift.checks import check_choice, check_int
+from gradsift.pruning.inputs import forward
 from gradsift.pruning.masks import check_sparsity, masks_from_scores
 from gradsift.pruning.methods._hvp import add_
 from gradsift.pruning.params import device_of, effective, param_path
@@ -26,14 +26,14 @@ from gradsift.pruning.sampling import batches, need_data
 from gradsift.pruning.schedules import SCHEDULES, round_sparsities
 
 
-def loss_gradient(model, paths, weights, data, loss_fn, num_batches):
+def loss_gradient(model, paths, weights, data, loss_fn, num_batches, split_batch=None):
     """``∇_w Σ_b L_b(w)`` for the target weights set to ``weights``, over
-    ``num_batches`` batches read afresh from ``data``."""
+    ``num_batches`` batches read afresh from ``data`` (``gradsift.pruning.inputs``)."""
     ws = [w.detach().requires_grad_(True) for w in weights]
     total = [torch.zeros_like(w) for w in ws]
     empty = True
-    for x, y in batches(data, device_of(model), num_batches):
-        out = functional_call(model, dict(zip(paths, ws)), (x,), strict=False)
+    for x, y in batches(data, device_of(model), num_batches, split_batch):
+        out = forward(model, x, dict(zip(paths, ws)))
         add_(total, torch.autograd.grad(loss_fn(out, y), ws))
         empty = False
     if empty:
@@ -42,7 +42,18 @@ def loss_gradient(model, paths, weights, data, loss_fn, num_batches):
 
 
 def progressive(
-    model, targets, data, *, method, revive, sparsity, steps, decay, loss_fn, num_batches
+    model,
+    targets,
+    data,
+    *,
+    method,
+    revive,
+    sparsity,
+    steps,
+    decay,
+    loss_fn,
+    num_batches,
+    split_batch=None,
 ):
     """The final round's ``{name: saliency}``: its top ``1 - sparsity`` fraction (exact
     top-k, lowest-index ties) is the method's mask. Without ``revive``, weights pruned
@@ -56,22 +67,26 @@ def progressive(
     theta = [effective(m, a).detach() for m, a in targets.values()]
     masks = [torch.ones_like(t) for t in theta]
     pruned_in = [torch.zeros_like(t) for t in theta]
+
+    def grad_at(weights):
+        return loss_gradient(model, paths, weights, data, loss_fn, num_batches, split_batch)
+
     for r, target in enumerate(round_sparsities(sparsity, steps, decay)[:-1], start=1):
-        saliency = _saliency(model, paths, theta, masks, revive, data, loss_fn, num_batches)
+        saliency = _saliency(grad_at, theta, masks, revive)
         previous = None if revive else dict(zip(targets, masks))
         chosen = masks_from_scores(dict(zip(targets, saliency)), target, previous=previous)
         for old, new, when in zip(masks, chosen.values(), pruned_in):
             when.masked_fill_((old > 0) & (new == 0), float(r))
         masks = [m.to(t) for m, t in zip(chosen.values(), theta)]
-    saliency = _saliency(model, paths, theta, masks, revive, data, loss_fn, num_batches)
+    saliency = _saliency(grad_at, theta, masks, revive)
     if not revive:
         saliency = [torch.where(m > 0, s, w - steps) for s, m, w in zip(saliency, masks, pruned_in)]
     return dict(zip(targets, saliency))
 
 
-def _saliency(model, paths, theta, masks, revive, data, loss_fn, num_batches):
+def _saliency(grad_at, theta, masks, revive):
     w = [t * m for t, m in zip(theta, masks)]
-    g = loss_gradient(model, paths, w, data, loss_fn, num_batches)
+    g = grad_at(w)
     return [((t if revive else wi) * gi).abs() for t, wi, gi in zip(theta, w, g)]
 
 
@@ -90,6 +105,7 @@ def progressive_criterion(method: str, *, revive: bool, doc: str):
         decay: str = "exponential",
         loss_fn=F.cross_entropy,
         num_batches: int | None = 1,
+        split_batch=None,
     ):
         return progressive(
             model,
@@ -102,6 +118,7 @@ def progressive_criterion(method: str, *, revive: bool, doc: str):
             decay=decay,
             loss_fn=loss_fn,
             num_batches=num_batches,
+            split_batch=split_batch,
         )
 
     criterion.__name__ = criterion.__qualname__ = method

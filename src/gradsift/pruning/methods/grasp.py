@@ -98,6 +98,7 @@ def grasp(
     """
     need_data(data, "grasp")
     _check_options(hvp, keep_graphs, batch_weighting, chunk_size)
+    _check_targets(data, split_batch)
     if num_classes is None:
         num_classes = _infer_classes(model, data, split_batch)
     if reinit_linear:  # the reference code's option: xavier-normal Linear weights
@@ -190,6 +191,23 @@ def _hessian_gradient(model, targets, loss, chunks, hvp, keep_graphs):
         else:
             add_(hg, hvp_double(model, ws, loss, chunk, g))
     return hg
+
+
+def _check_targets(data, split_batch) -> None:
+    """GraSP's class-balanced sample needs one class index per sample: refuse other
+    targets (per-token labels of a language model) before any work."""
+    first = next(iter(data), None)
+    if first is None:
+        raise ValueError("data yielded no batches")
+    _, y = split(first, split_batch)
+    if not isinstance(y, torch.Tensor) or y.dim() != 1 or y.is_floating_point():
+        shape = tuple(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__
+        raise ValueError(
+            "grasp draws a class-balanced sample and needs targets that are one class "
+            f"index per sample (an integer tensor shaped (batch,)), got {shape}; per-token "
+            "targets (a language model's) are not supported: score such models with snip, "
+            "force, iter_snip, prospr, magnitude or random"
+        )
 
 
 def _infer_classes(model, data, split_batch) -> int:

@@ -13,4 +13,4 @@ def magnitude(model, targets, data=None):
     return {name: effective(m, a).abs() for name, (m, a) in targets.items()}
 
 
-register_method("magnitude", magnitude)
+register_method("magnitude", magnitude, reads_only=True)

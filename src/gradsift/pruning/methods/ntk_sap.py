@@ -5,7 +5,8 @@ A data-free proxy for the NTK's spectrum: for Gaussian inputs ``x`` and a pertur
 ``δ ~ N(0, I)`` of the weights, ``J(c) = Σ_n ‖f(x_n; θ ⊙ c) − f(x_n; (θ + εδ) ⊙ c)‖²``
 (both networks share the mask ``c``), scored ``|∂J/∂c|`` at ``c = m`` (the current
 mask; pruned weights score 0). "Multi-sampling": every draw takes fresh weights ``θ``
-from the initialisation distribution (Kaiming normal, ``std = √(2 / fan_in)``, BatchNorm
+from the initialisation distribution (Kaiming normal, ``std = √(2 / fan_in)``,
+the fan-in first in HF ``Conv1D``'s ``(in, out)`` weight; BatchNorm
 ``γ = 1, β = 0``; other parameters as they are), fresh ``x`` and ``δ``, and the
 gradients add up over ``repeats`` draws before the absolute value. BatchNorm uses the
 statistics of the unperturbed network on ``x`` for both networks (eval mode after a
@@ -24,12 +25,19 @@ from collections.abc import Iterable
 
 import torch
 from torch import nn
-from torch.func import functional_call
 
 from gradsift.checks import check_float, check_int
+from gradsift.pruning.inputs import forward, real_inputs, refuse_token_ids
 from gradsift.pruning.masks import apply_masks_
 from gradsift.pruning.methods._hvp import add_
-from gradsift.pruning.params import Selector, device_of, original, param_path, private_copy
+from gradsift.pruning.params import (
+    Selector,
+    device_of,
+    is_conv1d,
+    original,
+    param_path,
+    private_copy,
+)
 from gradsift.pruning.registry import checked_options, register_method
 
 __all__ = ["ntk_sap", "ntk_sap_rescorer"]
@@ -46,11 +54,13 @@ def ntk_sap(
     repeats: int = 1,
     reinit: bool = True,
     seed: int = 0,
+    split_batch=None,
 ):
     """``|Σ_draws ∂J/∂c|`` over ``repeats`` draws of Gaussian inputs shaped like one
-    batch of ``data`` (or ``(batch_size, *input_shape)``); ``reinit=False`` keeps the
-    model's own weights for every draw."""
-    shape = _noise_shape(data, input_shape, batch_size)
+    batch of ``data`` (or ``(batch_size, *input_shape)``; ``split_batch`` as in snip);
+    ``reinit=False`` keeps the model's own weights for every draw."""
+    shape = _noise_shape(data, input_shape, batch_size, split_batch)
+    refuse_token_ids(model, "ntk_sap")
     gen = torch.Generator().manual_seed(seed)
     return _round(model, targets, shape, gen, epsilon, repeats, reinit)
 
@@ -61,9 +71,10 @@ def ntk_sap_rescorer(
     """For iterative NTK-SAP: ``rescore(masks) -> scores`` on one private copy, each
     round with the generator's next draws (the first round equals ``score``)."""
     o = checked_options("ntk_sap", options)
-    shape = _noise_shape(data, o["input_shape"], o["batch_size"])
+    shape = _noise_shape(data, o["input_shape"], o["batch_size"], o["split_batch"])
     gen = torch.Generator().manual_seed(o["seed"])
     work, targets = private_copy(model, params)
+    refuse_token_ids(work, "ntk_sap")
 
     def rescore(masks: dict | None) -> dict[str, torch.Tensor]:
         if masks is not None:
@@ -73,9 +84,9 @@ def ntk_sap_rescorer(
     return rescore
 
 
-def _noise_shape(data, input_shape, batch_size) -> tuple[int, ...]:
+def _noise_shape(data, input_shape, batch_size, split_batch) -> tuple[int, ...]:
     if data is not None:
-        x = next(iter(data))[0]
+        x = real_inputs(data, "ntk_sap", split_batch)
         input_shape = input_shape or tuple(x.shape[1:])
         batch_size = batch_size or int(x.shape[0])
     if input_shape is None or batch_size is None:
@@ -97,9 +108,9 @@ def _round(model, targets, shape, gen, epsilon, repeats, reinit):
         _batch_statistics_(model, x)
         delta = [torch.randn(t.shape, generator=gen, dtype=t.dtype).to(device) for t in theta]
         c = [torch.ones_like(t, requires_grad=True) for t in theta]
-        f0 = functional_call(model, {p: t * ci for p, t, ci in zip(paths, theta, c)}, (x,))
+        f0 = forward(model, x, {p: t * ci for p, t, ci in zip(paths, theta, c)})
         moved = {p: (t + epsilon * d) * ci for p, t, d, ci in zip(paths, theta, delta, c)}
-        f1 = functional_call(model, moved, (x,))
+        f1 = forward(model, x, moved)
         add_(total, torch.autograd.grad((f0 - f1).square().sum(), c, materialize_grads=True))
     return {name: g.abs() for name, g in zip(targets, total)}
 
@@ -114,7 +125,8 @@ def _reinit_(model: nn.Module, targets: dict, gen: torch.Generator) -> None:
                     f"ntk_sap reinit=True draws Kaiming-normal weights, which {name} "
                     f"(shape {tuple(w.shape)}) has no fan-in for; pass reinit=False"
                 )
-            std = math.sqrt(2.0 / (w.shape[1] * math.prod(w.shape[2:])))
+            fan_in = w.shape[0] if is_conv1d(m) else w.shape[1] * math.prod(w.shape[2:])
+            std = math.sqrt(2.0 / fan_in)
             w.copy_(torch.randn(w.shape, generator=gen, dtype=w.dtype).mul_(std))
         for m in model.modules():
             if isinstance(m, nn.modules.batchnorm._NormBase) and m.affine:

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F  # noqa: N812
-from torch.func import functional_call
 
 from gradsift.checks import check_float, check_int
-from gradsift.pruning.methods._hvp import batch_stats_only_
+from gradsift.pruning.inputs import forward
+from gradsift.pruning.methods._hvp import batch_stats_only_, math_attention
 from gradsift.pruning.params import device_of, original, param_path
 from gradsift.pruning.registry import register_method
 from gradsift.pruning.sampling import batches, need_data
@@ -37,19 +37,22 @@ def prospr(
     momentum: float = 0.0,
     new_batches: bool = False,
     loss_fn=F.cross_entropy,
+    split_batch=None,
 ):
     """``|∂L(w_M)/∂c|`` after ``steps`` differentiable SGD steps (``lr``, ``momentum``)
     from ``w_0 = θ ⊙ c``; every step and the meta-loss use the first batch, or with
     ``new_batches=True`` step ``k`` uses batch ``k`` and the meta-loss batch ``M``
-    (cycling through ``data``). Already pruned weights stay pruned in the steps and
-    score 0."""
+    (cycling through ``data``; ``split_batch`` as in snip). Already pruned weights stay
+    pruned in the steps and score 0. A tied tensor is one parameter of the steps.
+    Attention runs on the math backend of ``scaled_dot_product_attention`` (the
+    meta-gradient needs a double backward)."""
     need_data(data, "prospr")
     steps = check_int("steps", steps, minimum=0)
     lr = check_float("lr", lr, "(0, inf)")
     momentum = check_float("momentum", momentum, "[0, 1)")
     model.train()
     batch_stats_only_(model)
-    stream = _cycle(data, device_of(model))
+    stream = _cycle(data, device_of(model), split_batch)
     fast = {n: p.detach().clone().requires_grad_(True) for n, p in model.named_parameters()}
     masks = []
     for m, a in targets.values():
@@ -58,16 +61,17 @@ def prospr(
         fast[param_path(model, m, a)] = theta * masks[-1]
     velocity: dict = {}
     x, y = next(stream)
-    for _ in range(steps):
-        loss = loss_fn(functional_call(model, fast, (x,)), y)
-        grads = torch.autograd.grad(
-            loss, list(fast.values()), create_graph=True, materialize_grads=True
-        )
-        fast = _sgd(fast, grads, velocity, lr, momentum)
-        if new_batches:
-            x, y = next(stream)
-    meta = loss_fn(functional_call(model, fast, (x,)), y)
-    grads = torch.autograd.grad(meta, masks, materialize_grads=True)
+    with math_attention():
+        for _ in range(steps):
+            loss = loss_fn(forward(model, x, fast), y)
+            grads = torch.autograd.grad(
+                loss, list(fast.values()), create_graph=True, materialize_grads=True
+            )
+            fast = _sgd(fast, grads, velocity, lr, momentum)
+            if new_batches:
+                x, y = next(stream)
+        meta = loss_fn(forward(model, x, fast), y)
+        grads = torch.autograd.grad(meta, masks, materialize_grads=True)
     return {name: g.abs() for name, g in zip(targets, grads)}
 
 
@@ -82,11 +86,11 @@ def _sgd(params: dict, grads, velocity: dict, lr: float, momentum: float) -> dic
     return out
 
 
-def _cycle(data, device):
+def _cycle(data, device, split_batch):
     """``data``'s batches without end, starting again when it is exhausted."""
     while True:
         empty = True
-        for batch in batches(data, device, None):
+        for batch in batches(data, device, None, split_batch):
             empty = False
             yield batch
         if empty:

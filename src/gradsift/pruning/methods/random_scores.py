@@ -19,4 +19,4 @@ def random_scores(model, targets, data=None, *, seed: int = 0):
     }
 
 
-register_method("random", random_scores)
+register_method("random", random_scores, reads_only=True)

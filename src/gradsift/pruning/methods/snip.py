@@ -58,14 +58,15 @@ def snip(
         # weights relative to the first batch's: equal batches add up unscaled
         first = first or batch_weight(num_samples(y), batch_weighting)
         w = batch_weight(num_samples(y), batch_weighting) / first
-        grads = list(g) if grads is None else [a + w * b for a, b in zip(grads, g)]
+        grads = list(g) if grads is None else [a.add_(b, alpha=w) for a, b in zip(grads, g)]
         total += w
     if grads is None:
         raise ValueError("data yielded no batches")
-    return {
-        name: (g / total * effective(m, a)).abs()
-        for (name, (m, a)), g in zip(targets.items(), grads)
-    }
+    with torch.no_grad():  # in place in the gradients: no other copy of the weights
+        return {
+            name: g.div_(total).mul_(effective(m, a)).abs_()
+            for (name, (m, a)), g in zip(targets.items(), grads)
+        }
 
 
 register_method("snip", snip)

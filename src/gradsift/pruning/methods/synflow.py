@@ -21,8 +21,15 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from gradsift.pruning.masks import apply_masks_
-from gradsift.pruning.params import Selector, device_of, effective, leaves, private_copy
+from gradsift.pruning.inputs import real_inputs, refuse_token_ids
+from gradsift.pruning.params import (
+    Selector,
+    device_of,
+    leaves,
+    mask_of,
+    original,
+    private_copy,
+)
 from gradsift.pruning.registry import register_method
 
 __all__ = ["linearise_", "linearised_rescorer", "linearised_scores", "synflow", "synflow_rescorer"]
@@ -52,80 +59,76 @@ def linearise_(model: nn.Module, dtype: torch.dtype, power: int = 1) -> None:
                 module.running_mean.zero_()
                 if power == 2:
                     module.running_var.add_(module.eps).square_().sub_(module.eps)
-    for name, module in model.named_modules():
-        if isinstance(module, (nn.Embedding, nn.EmbeddingBag)):
-            module.register_forward_pre_hook(_RefuseOnes(name, type(module).__name__))
+    refuse_token_ids(model, _name(power))
 
 
-class _RefuseOnes:
-    """Pre-hook of an embedding on the linearised copy: SynFlow's real-valued input
-    cannot be token ids (an embedding fed ids made inside the model is fine)."""
-
-    def __init__(self, name: str, kind: str):
-        self.name, self.kind = name, kind
-
-    def __call__(self, module, args):
-        if args and isinstance(args[0], torch.Tensor) and args[0].is_floating_point():
-            raise ValueError(
-                f"synflow feeds the network an all-ones real-valued input, and nn.{self.kind} "
-                f"{self.name!r} received it as token ids; SynFlow is defined for networks "
-                "whose input is real-valued, so models that take token ids are not "
-                "supported (score them with snip, grasp, magnitude or random)"
-            )
-
-
-def _input_shape(data, input_shape):
+def _input_shape(data, input_shape, split_batch, method):
     if input_shape is not None:
         return tuple(input_shape)
     if data is None:
-        raise ValueError("synflow needs input_shape= or data= to know the input shape")
-    first = next(iter(data), None)
-    x = first[0] if isinstance(first, (tuple, list)) and len(first) == 2 else None
-    if not isinstance(x, torch.Tensor):
-        raise ValueError(
-            "synflow reads the input shape from the inputs of data's first (inputs, "
-            "targets) batch, which must be a tensor; pass input_shape="
-        )
-    return tuple(x.shape[1:])
+        raise ValueError(f"{method} needs input_shape= or data= to know the input shape")
+    return tuple(real_inputs(data, method, split_batch).shape[1:])
 
 
 def _scores(model, targets, input_shape, dtype, power):
-    """``|θ| ⊙ ∂R/∂φ`` at ``φ = |θ|^power``, ``R`` the output sum on ones."""
+    """``|θ| ⊙ ∂R/∂φ`` at ``φ = |θ|^power``, ``R`` the output sum on ones; computed in
+    place in the gradients (one float64 forward and backward, no other copy)."""
     ws = leaves(targets)
     ones = torch.ones((1, *input_shape), dtype=dtype, device=device_of(model))
     grads = torch.autograd.grad(model(ones).sum(), ws)
-    return {
-        name: effective(m, a).detach().pow(1 / power) * g
-        for (name, (m, a)), g in zip(targets.items(), grads)
-    }
+    out = {}
+    with torch.no_grad():
+        for (name, (m, a)), g in zip(targets.items(), grads):
+            phi = original(m, a)
+            g.mul_(phi if power == 1 else phi.sqrt())
+            mask = mask_of(m, a)
+            out[name] = g if mask is None else g.mul_(mask)
+    return out
 
 
-def linearised_scores(model, targets, data, input_shape, dtype, power):
+def linearised_scores(model, targets, data, input_shape, dtype, power, split_batch=None):
     """Score one linearised (``power=1``) or squared (``power=2``) private copy."""
-    input_shape = _input_shape(data, input_shape)
+    input_shape = _input_shape(data, input_shape, split_batch, _name(power))
     linearise_(model, dtype, power)
     return _scores(model, targets, input_shape, dtype, power)
 
 
-def linearised_rescorer(model, data, *, params, input_shape, dtype, power):
+def _name(power: int) -> str:
+    return "synflow" if power == 1 else "synflow_l2"
+
+
+def linearised_rescorer(model, data, *, params, input_shape, dtype, power, split_batch=None):
     """``rescore(masks) -> scores`` on one private linearised copy: equal to scoring
     the masked model each round, without re-copying and re-linearising the network
-    every round (the masks are the only thing that change)."""
-    shape = _input_shape(data, input_shape)
+    every round (the masks are the only thing that change). The masks (monotone:
+    a pruned weight stays pruned) are multiplied into the copy's weights in place,
+    which gives the same forward pass and, times the zeroed weights, the same scores
+    as masks installed with ``torch.nn.utils.prune``, with no mask buffers."""
+    shape = _input_shape(data, input_shape, split_batch, _name(power))
     work, targets = private_copy(model, params)
     linearise_(work, dtype, power)
 
     def rescore(masks: dict | None) -> dict[str, torch.Tensor]:
         if masks is not None:
-            apply_masks_(work, masks)
+            _mask_in_place_(targets, masks)
         return _scores(work, targets, shape, dtype, power)
 
     return rescore
 
 
-def synflow(model, targets, data=None, *, input_shape=None, dtype=torch.float64):
-    """θ ⊙ ∂R/∂θ with R the sum of the linearised network's output on ones."""
-    return linearised_scores(model, targets, data, input_shape, dtype, power=1)
+def _mask_in_place_(targets: dict, masks: dict) -> None:
+    with torch.no_grad():
+        for name, (m, a) in targets.items():
+            phi = original(m, a)
+            phi.mul_(masks[name].to(device=phi.device, dtype=phi.dtype))
+
+
+def synflow(
+    model, targets, data=None, *, input_shape=None, dtype=torch.float64, split_batch=None
+):
+    """θ ⊙ ∂R/∂θ with R the sum of the linearised network's output on ones; ``data``
+    (or ``input_shape``) gives only the input's shape (``split_batch`` as in snip)."""
+    return linearised_scores(model, targets, data, input_shape, dtype, 1, split_batch)
 
 
 def synflow_rescorer(
@@ -135,10 +138,17 @@ def synflow_rescorer(
     params: Selector = None,
     input_shape=None,
     dtype=torch.float64,
+    split_batch=None,
 ):
     """For iterative SynFlow: ``rescore(masks) -> scores`` (``linearised_rescorer``)."""
     return linearised_rescorer(
-        model, data, params=params, input_shape=input_shape, dtype=dtype, power=1
+        model,
+        data,
+        params=params,
+        input_shape=input_shape,
+        dtype=dtype,
+        power=1,
+        split_batch=split_batch,
     )
 
 

@@ -26,9 +26,11 @@ from gradsift.pruning.registry import checked_options, register_method
 __all__ = ["synflow_l2", "synflow_l2_rescorer"]
 
 
-def synflow_l2(model, targets, data=None, *, input_shape=None, dtype=torch.float64):
+def synflow_l2(
+    model, targets, data=None, *, input_shape=None, dtype=torch.float64, split_batch=None
+):
     """``|θ| ⊙ ∂R₂/∂φ`` at ``φ = θ ⊙ θ``, ``R₂`` the squared network's output sum on ones."""
-    return linearised_scores(model, targets, data, input_shape, dtype, power=2)
+    return linearised_scores(model, targets, data, input_shape, dtype, 2, split_batch)
 
 
 def synflow_l2_rescorer(

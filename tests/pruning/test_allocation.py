@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gradsift import masks_from_scores
-from gradsift.pruning import BUDGETS, layer_counts, layer_densities
-from gradsift.pruning.budgets import raw_er
+from gradsift.pruning import ALLOCATIONS, layer_counts, layer_densities
+from gradsift.pruning.allocation import raw_er
 
 # a small net: Linear 10->20, Conv 2->4 (3x3), Linear 20->2; N = 200 + 72 + 40 = 312
 SHAPES = {"fc1.weight": (20, 10), "conv.weight": (4, 2, 3, 3), "fc2.weight": (2, 20)}
@@ -227,7 +227,7 @@ def test_floor_takes_from_the_other_layers():
 def test_masks_rank_within_each_layer():
     gen = torch.Generator().manual_seed(0)
     scores = {n: torch.randn(s, generator=gen) for n, s in SHAPES.items()}
-    masks = masks_from_scores(scores, 0.5, budget="erk")
+    masks = masks_from_scores(scores, 0.5, allocation="erk")
     counts = layer_counts(SHAPES, 0.5, "erk")
     for n, s in scores.items():
         assert int(masks[n].sum()) == counts[n]
@@ -241,17 +241,17 @@ def test_scope_layer_is_budget_uniform():
     gen = torch.Generator().manual_seed(2)
     scores = {n: torch.randn(s, generator=gen) for n, s in SHAPES.items()}
     a = masks_from_scores(scores, 0.6, scope="layer")
-    b = masks_from_scores(scores, 0.6, budget="uniform")
+    b = masks_from_scores(scores, 0.6, allocation="uniform")
     assert all(torch.equal(a[n], b[n]) for n in SHAPES)
     with pytest.raises(ValueError, match="disagree"):
-        masks_from_scores(scores, 0.6, scope="layer", budget="erk")
+        masks_from_scores(scores, 0.6, scope="layer", allocation="erk")
 
 
 def test_budget_with_previous_masks_and_guard_stays_exact():
     gen = torch.Generator().manual_seed(3)
     scores = {n: torch.randn(s, generator=gen) for n, s in SHAPES.items()}
-    first = masks_from_scores(scores, 0.5, budget="global")
-    second = masks_from_scores(scores, 0.9, budget="erk", previous=first, min_per_layer=2)
+    first = masks_from_scores(scores, 0.5, allocation="global")
+    second = masks_from_scores(scores, 0.9, allocation="erk", previous=first, min_per_layer=2)
     for n in SHAPES:
         assert (second[n] <= first[n]).all() and int(second[n].sum()) >= 2
     assert sum(int(m.sum()) for m in second.values()) == 312 - round(0.9 * 312)
@@ -259,9 +259,28 @@ def test_budget_with_previous_masks_and_guard_stays_exact():
 
 @pytest.mark.parametrize("bad", ["ERK", "layer", "erk2", ""])
 def test_bad_budget_lists_the_valid_ones(bad):
-    assert BUDGETS == ("global", "uniform", "er", "erk", "uniform+dense-first")
+    assert ALLOCATIONS == ("global", "uniform", "er", "erk", "uniform+dense-first")
     listed = r"\['global', 'uniform', 'er', 'erk', 'uniform\+dense-first'\]"
-    with pytest.raises(ValueError, match=f"budget must be one of {listed}, got '{bad}'"):
-        masks_from_scores({"w": torch.ones(4, 4)}, 0.5, budget=bad)
-    with pytest.raises(TypeError, match="budget must be one of"):
+    with pytest.raises(ValueError, match=f"allocation must be one of {listed}, got '{bad}'"):
+        masks_from_scores({"w": torch.ones(4, 4)}, 0.5, allocation=bad)
+    with pytest.raises(TypeError, match="allocation must be one of"):
         layer_densities(SHAPES, 0.5, 3)
+
+
+def test_budget_keyword_still_works_with_a_deprecation_warning():
+    """``budget=`` was the layer allocation's name: one release of grace."""
+    from gradsift import prune_at_init
+    from pruning_support import convnet, convnet_data
+
+    gen = torch.Generator().manual_seed(3)
+    scores = {n: torch.randn(s, generator=gen) for n, s in SHAPES.items()}
+    with pytest.warns(DeprecationWarning, match=r"budget=.*allocation="):
+        old = masks_from_scores(scores, 0.6, budget="erk")
+    new = masks_from_scores(scores, 0.6, allocation="erk")
+    assert all(torch.equal(old[n], new[n]) for n in SHAPES)
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="disagree"):
+        masks_from_scores(scores, 0.6, budget="erk", allocation="uniform")
+    with pytest.warns(DeprecationWarning, match="allocation="):
+        masks = prune_at_init(convnet(), "magnitude", 0.8, convnet_data(), budget="erk")
+    shapes = {n: m.shape for n, m in masks.items()}
+    assert {n: int(m.sum()) for n, m in masks.items()} == layer_counts(shapes, 0.8, "erk")

@@ -1,9 +1,12 @@
-"""Layer-wise budgets: how many of each layer's weights pruning keeps.
+"""Layer allocation: how pruning's kept weights are spread over the layers.
 
-``budget="global"`` ranks every layer together (the scores decide each layer's
-share); every other budget fixes each layer's density ``d_l`` from the shapes alone
+(How many are kept in all is the sparsity's kept count, ``gradsift.budget.kept_count``;
+"budget" is the word for a top-k's size, ``gradsift.budget.Budget``.)
+
+``allocation="global"`` ranks every layer together (the scores decide each layer's
+share); every other allocation fixes each layer's density ``d_l`` from the shapes alone
 and the criterion ranks within each layer. With ``N = Σ n_l`` weights and sparsity
-``s``, exactly ``K = N - round(s·N)`` are kept under every budget:
+``s``, exactly ``K = N - round(s·N)`` are kept under every allocation:
 
 - ``"uniform"``: ``d_l = K / N`` for every layer.
 - ``"uniform+dense-first"``: the first layer (model order) dense, the rest uniform at
@@ -14,7 +17,7 @@ and the criterion ranks within each layer. With ``N = Σ n_l`` weights and spars
   channel counts of a weight shaped ``(out, in, *kernel)``) or
   ``p_l = Σ_i shape_i / Π_i shape_i`` (ERK: kernel sizes included), and ``ε`` such
   that ``Σ_l d_l·n_l = K``. A layer with ``ε·p_l > 1`` is made dense and ``ε`` is
-  solved again over the other layers with the budget left after the dense ones,
+  solved again over the other layers with the weights left after the dense ones,
   until no density exceeds 1 (the "exact ERK" rule of RigL's
   ``get_sparsities_erdos_renyi``; solving with ``K`` itself, not ``floor(s·n_l)``
   per layer, is what keeps the total exact, the point of sparseml#2159).
@@ -35,38 +38,52 @@ other layers share what is left in proportion to their quotas.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 
-from gradsift.budget import check_scope
+from gradsift.budget import check_scope, kept_count
 from gradsift.checks import check_choice
 
-__all__ = ["BUDGETS", "check_budget", "layer_counts", "layer_densities", "raw_er"]
+__all__ = ["ALLOCATIONS", "check_allocation", "layer_counts", "layer_densities", "raw_er"]
 
-BUDGETS = ("global", "uniform", "er", "erk", "uniform+dense-first")
+ALLOCATIONS = ("global", "uniform", "er", "erk", "uniform+dense-first")
 
-BudgetSpec = str | Callable
+AllocationSpec = str | Callable
 
 
-def check_budget(budget, scope: str | None = None) -> BudgetSpec:
-    """``budget`` validated (None: from ``scope``, whose ``"layer"`` means
-    ``"uniform"``; both given must agree)."""
+def check_allocation(allocation, scope: str | None = None, *, budget=None) -> AllocationSpec:
+    """``allocation`` validated (None: from ``scope``, whose ``"layer"`` means
+    ``"uniform"``; both given must agree). ``budget``: its older name, accepted for
+    one release with a ``DeprecationWarning`` ("budget" now means only how many
+    coordinates a top-k keeps, ``gradsift.budget.Budget``)."""
+    if budget is not None:
+        warnings.warn(
+            "budget= (the layer allocation) is deprecated; use allocation= (same values)",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        if allocation is not None and allocation != budget:
+            raise ValueError(
+                f"budget={budget!r} and allocation={allocation!r} disagree; give allocation="
+            )
+        allocation = budget
     if scope is not None:
         implied = {"global": "global", "layer": "uniform"}[check_scope(scope)]
-        if budget is not None and budget != implied:
-            raise ValueError(f"scope={scope!r} and budget={budget!r} disagree; give budget= only")
-        budget = implied
-    if budget is None:
+        if allocation is not None and allocation != implied:
+            raise ValueError(
+                f"scope={scope!r} and allocation={allocation!r} disagree; give allocation= only"
+            )
+        allocation = implied
+    if allocation is None:
         return "global"
-    if callable(budget):
-        return budget
-    if not isinstance(budget, str):
-        raise TypeError(f"budget must be one of {list(BUDGETS)} or a callable, got {budget!r}")
-    check_choice("budget", budget, BUDGETS)
-    return budget
-
-
-def _kept(n: int, sparsity: float) -> int:
-    return n - round(sparsity * n)
+    if callable(allocation):
+        return allocation
+    if not isinstance(allocation, str):
+        raise TypeError(
+            f"allocation must be one of {list(ALLOCATIONS)} or a callable, got {allocation!r}"
+        )
+    check_choice("allocation", allocation, ALLOCATIONS)
+    return allocation
 
 
 def raw_er(shape, *, kernel: bool) -> float:
@@ -91,47 +108,47 @@ def _erdos_renyi(sizes: dict, raw: dict, kept: int) -> dict[str, float]:
         dense |= over
 
 
-def layer_densities(shapes: dict, sparsity: float, budget: BudgetSpec) -> dict[str, float]:
-    """``{name: density}`` of a layer-wise budget (``"global"`` has none: it depends
+def layer_densities(shapes: dict, sparsity: float, allocation: AllocationSpec) -> dict[str, float]:
+    """``{name: density}`` of a layer-wise allocation (``"global"`` has none: it depends
     on the scores)."""
-    budget = check_budget(budget)
+    allocation = check_allocation(allocation)
     sizes = {n: math.prod(int(d) for d in s) for n, s in shapes.items()}
     total = sum(sizes.values())
-    kept = _kept(total, sparsity)
-    if callable(budget):
-        return _checked_callable(budget(dict(shapes), sparsity), sizes, kept)
-    if budget == "global":
-        raise ValueError('budget="global" has no per-layer densities: the scores decide them')
-    if budget == "uniform":
+    kept = kept_count(total, sparsity)
+    if callable(allocation):
+        return _checked_callable(allocation(dict(shapes), sparsity), sizes, kept)
+    if allocation == "global":
+        raise ValueError('allocation="global" has no per-layer densities: the scores decide them')
+    if allocation == "uniform":
         return {n: kept / total for n in sizes}
-    if budget == "uniform+dense-first":
+    if allocation == "uniform+dense-first":
         first = next(iter(sizes))
         if sizes[first] > kept:
             raise ValueError(
-                f'budget="uniform+dense-first": the first layer {first} has {sizes[first]} '
+                f'allocation="uniform+dense-first": the first layer {first} has {sizes[first]} '
                 f"weights but sparsity={sparsity} keeps only {kept} of {total}"
             )
         rest = total - sizes[first]
         d = (kept - sizes[first]) / rest if rest else 1.0
         return {n: 1.0 if n == first else d for n in sizes}
-    raw = {n: raw_er(shapes[n], kernel=budget == "erk") for n in sizes}
+    raw = {n: raw_er(shapes[n], kernel=allocation == "erk") for n in sizes}
     return _erdos_renyi(sizes, raw, kept)
 
 
 def _checked_callable(densities, sizes: dict, kept: int) -> dict[str, float]:
     if not isinstance(densities, dict) or set(densities) != set(sizes):
         got = sorted(densities) if isinstance(densities, dict) else type(densities).__name__
-        raise ValueError(f"budget callable must return densities for {list(sizes)}, got {got}")
+        raise ValueError(f"allocation callable must return densities for {list(sizes)}, got {got}")
     out = {}
     for n in sizes:
         d = float(densities[n])
         if not 0.0 <= d <= 1.0:
-            raise ValueError(f"budget callable: density of {n} must be in [0, 1], got {d}")
+            raise ValueError(f"allocation callable: density of {n} must be in [0, 1], got {d}")
         out[n] = d
     implied = sum(out[n] * sizes[n] for n in sizes)
     if abs(implied - kept) > len(sizes):
         raise ValueError(
-            f"budget callable keeps {implied:.1f} weights, but the sparsity keeps exactly "
+            f"allocation callable keeps {implied:.1f} weights, but the sparsity keeps exactly "
             f"{kept}: densities must satisfy sum(d_l * n_l) = {kept} (up to rounding)"
         )
     return out
@@ -140,21 +157,21 @@ def _checked_callable(densities, sizes: dict, kept: int) -> dict[str, float]:
 def layer_counts(
     shapes: dict,
     sparsity: float,
-    budget: BudgetSpec,
+    allocation: AllocationSpec,
     *,
     caps: dict[str, int] | None = None,
     floor: int = 0,
 ) -> dict[str, int]:
-    """Exact kept counts per layer under ``budget`` (see the module docstring).
+    """Exact kept counts per layer under ``allocation`` (see the module docstring).
 
     ``caps``: at most this many kept per layer (alive weights; default the layer's
     size); the total is then ``min(K, Σ caps)``. ``floor``: at least
     ``min(floor, cap)`` per layer (``min_per_layer``).
     """
-    densities = layer_densities(shapes, sparsity, budget)
+    densities = layer_densities(shapes, sparsity, allocation)
     sizes = {n: math.prod(int(d) for d in s) for n, s in shapes.items()}
     caps = {n: min(sizes[n], (caps or sizes)[n]) for n in sizes}
-    total = min(_kept(sum(sizes.values()), sparsity), sum(caps.values()))
+    total = min(kept_count(sum(sizes.values()), sparsity), sum(caps.values()))
     floors = {n: min(floor, caps[n]) for n in sizes}
     if sum(floors.values()) > total:
         raise ValueError(
