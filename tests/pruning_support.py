@@ -45,16 +45,16 @@ def batches(n_batches=3, n=12, shape=(12,), classes=3, dtype=torch.float64, seed
     return out
 
 
-def convnet():
+def convnet(hidden: int = 16):
     torch.manual_seed(0)
     return nn.Sequential(
         nn.Conv2d(1, 4, 3, padding=1),
         nn.BatchNorm2d(4),
         nn.ReLU(),
         nn.Flatten(),
-        nn.Linear(4 * 6 * 6, 16),
+        nn.Linear(4 * 6 * 6, hidden),
         nn.ReLU(),
-        nn.Linear(16, 3),
+        nn.Linear(hidden, 3),
     )
 
 

@@ -9,6 +9,7 @@ from torch.nn.utils import prune
 
 import gradsift
 from gradsift import prune_at_init
+from pruning_support import convnet
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)"
@@ -21,16 +22,7 @@ SPARSITY = 0.9
 def net(dtype=torch.float32):
     """Conv + BatchNorm + two Linear layers, ~75k weights: above the selection's dense
     cutoff (65,536), so the sampled path runs, as on a real model."""
-    torch.manual_seed(0)
-    return nn.Sequential(
-        nn.Conv2d(1, 4, 3, padding=1),
-        nn.BatchNorm2d(4),
-        nn.ReLU(),
-        nn.Flatten(),
-        nn.Linear(4 * 6 * 6, 512),
-        nn.ReLU(),
-        nn.Linear(512, 3),
-    ).to(dtype)
+    return convnet(hidden=512).to(dtype)
 
 
 def data(device, dtype=torch.float32, n_batches=2, n=30):
