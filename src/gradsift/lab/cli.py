@@ -235,9 +235,7 @@ def _study_parsers(sub) -> None:
     b = _command(sub, "bench", help="measure speed as ratios against baselines")
     b.add_argument("what", choices=list(BENCHES), help="what to benchmark")
     b.add_argument("--repeats", type=_positive_int, default=7, help="timed calls per entry")
-    b.add_argument(
-        "--sizes", type=_list_of(_positive_int), help="comma-separated N values (select)"
-    )
+    b.add_argument("--sizes", type=_list_of(_positive_int), help="comma-separated N (select)")
     b.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
     b.add_argument(
         "--device",
@@ -251,9 +249,7 @@ def _study_parsers(sub) -> None:
         help="ddp: comma-separated emulated loopback rates (100mbit,1gbit,10gbit; needs root)",
     )
     b.add_argument("--model", default="resnet18", help="ddp: the network")
-    b.add_argument(
-        "--steps", type=_positive_int, default=13, help="ddp: steps per hook (3 untimed)"
-    )
+    b.add_argument("--steps", type=_positive_int, default=13, help="ddp: steps (3 untimed)")
     b.add_argument("--batch", type=_positive_int, default=8, help="ddp: batch per rank")
     b.add_argument(
         "--width",
