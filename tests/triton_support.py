@@ -1,5 +1,6 @@
 """Shared set-up for the Triton tests: run the kernels on the GPU when there is one,
-else on CPU tensors through Triton's interpreter (set before triton is imported).
+else on CPU tensors through Triton's interpreter (``conftest.py`` sets it before
+anything imports triton; set here again for scripts that import this directly).
 
 Triton is a test dependency (the ``dev`` extra installs it): a missing triton fails
 these tests loudly instead of skipping them, while the library itself never needs it.

@@ -21,6 +21,8 @@ _QUICK = {
         "methods": ["snip", "synflow"],
         "iterations": 2,
     },
+    "iteration": {"repeats": 1},
+    "prune-memory": {"cases": ("torch global_unstructured L1", "magnitude"), "width": 128, "depth": 2},
 }
 
 
