@@ -24,8 +24,7 @@ def run_world(target, world, *extra, deadline_s=120):
     q = ctx.Queue()
     port = free_port()
     procs = [
-        ctx.Process(target=_wrapped, args=(target, r, world, port, q, extra))
-        for r in range(world)
+        ctx.Process(target=_wrapped, args=(target, r, world, port, q, extra)) for r in range(world)
     ]
     for p in procs:
         p.start()
@@ -83,8 +82,14 @@ def select_cases(rank, world):
     # k larger than one shard, uneven shards, and an empty shard
     sizes = [0] + even(600, world - 1) if world > 1 else [600]
     cases.append((torch.randn(600, generator=gen), sizes, 450, True))
-    cases.append((torch.randn(600, generator=gen), [590] + [10 // (world - 1)] * (world - 1)
-                  if world > 1 else [600], 20, True))
+    cases.append(
+        (
+            torch.randn(600, generator=gen),
+            [590] + [10 // (world - 1)] * (world - 1) if world > 1 else [600],
+            20,
+            True,
+        )
+    )
     cases.append((torch.tensor([float("inf"), -float("inf"), 3.0] * 20), even(60, world), 41, True))
     out = []
     for vec, sizes, k, absolute in cases:
