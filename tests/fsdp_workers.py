@@ -1,0 +1,69 @@
+"""Workers for the FSDP2 tests on gloo ranks (spawned: must be importable)."""
+
+import copy
+
+import torch
+import torch.nn.functional as F
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+from ddp_workers import batch, small_model
+from gradsift import TopK
+
+
+def sharded_model(world, seed=0):
+    """``small_model`` and an unsharded copy of its initial weights."""
+    model = small_model(seed)
+    ref = copy.deepcopy(model)
+    mesh = init_device_mesh("cpu", (world,))
+    for layer in model:
+        if any(True for _ in layer.parameters()):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model, ref
+
+
+def topk_pair(model, ref, **kw):
+    def make(m):
+        return TopK(torch.optim.SGD(m.parameters(), lr=0.1), **kw)
+
+    return make(model), make(ref)
+
+
+def full(t):
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def step_matches_single_process(rank, world, kw):
+    """Sharded TopK vs single-process TopK fed the same (averaged) full gradient:
+    parameters and residuals compared bit for bit after each of 3 steps."""
+    model, ref = sharded_model(world)
+    opt, ref_opt = topk_pair(model, ref, **kw)
+    # the sharded path lets the inner SGD step densely (p - lr * g with g zero off the
+    # selection); a no-op hook makes the single-process reference do the same instead
+    # of its sparse index_add_, which may round the product differently (1 ulp)
+    ref_opt.optimizer.register_step_pre_hook(lambda *args: None)
+    report = []
+    for step in range(3):
+        x, y = batch(rank, step)
+        F.cross_entropy(model(x), y).backward()
+        grads = [full(p.grad) for p in model.parameters()]
+        for q, g in zip(ref.parameters(), grads):
+            q.grad = g.clone()
+        opt.step()
+        ref_opt.step()
+        same_params = all(
+            torch.equal(full(p.detach()), q.detach())
+            for p, q in zip(model.parameters(), ref.parameters())
+        )
+        names = [n for n in ("residual", "momentum") if n in opt.state[next(model.parameters())]]
+        same_state = all(
+            torch.equal(full(opt.state[p][n]), ref_opt.state[q][n])
+            for p, q in zip(model.parameters(), ref.parameters())
+            for n in names
+        )
+        kept = sum(int(torch.count_nonzero(full(p.grad))) for p in model.parameters())
+        report.append((same_params, same_state, kept, names))
+        opt.zero_grad()
+        ref_opt.zero_grad()
+    return report
