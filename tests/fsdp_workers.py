@@ -67,3 +67,49 @@ def step_matches_single_process(rank, world, kw):
         opt.zero_grad()
         ref_opt.zero_grad()
     return report
+
+
+def _train(model, opt, rank, steps, start=0):
+    for step in range(start, start + steps):
+        x, y = batch(rank, step)
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def _snapshot(model, opt):
+    """Full parameters and residuals as lists (tensors do not survive the queue once
+    the process that made them exits)."""
+    params = [full(p.detach()).tolist() for p in model.parameters()]
+    residuals = [full(opt.state[p]["residual"]).tolist() for p in model.parameters()]
+    return params, residuals
+
+
+def checkpoint_save(rank, world, path):
+    """Train 2 steps, save with torch.distributed.checkpoint, train 2 more; the
+    snapshots at the save and at the end."""
+    import torch.distributed.checkpoint as dcp
+
+    model, _ = sharded_model(world)
+    opt = TopK(torch.optim.SGD(model.parameters(), lr=0.1), density=0.1)
+    _train(model, opt, rank, 2)
+    dcp.save({"model": model.state_dict(), "optim": opt.state_dict()}, checkpoint_id=path)
+    saved = _snapshot(model, opt)
+    _train(model, opt, rank, 2, start=2)
+    return saved, _snapshot(model, opt)
+
+
+def checkpoint_load(rank, world, path):
+    """Load the checkpoint (any world size); the snapshot after loading, and after 2
+    more steps."""
+    import torch.distributed.checkpoint as dcp
+
+    model, _ = sharded_model(world, seed=1)  # other weights: the load must replace them
+    opt = TopK(torch.optim.SGD(model.parameters(), lr=0.1), density=0.1)
+    sd = {"model": model.state_dict(), "optim": opt.state_dict()}
+    dcp.load(sd, checkpoint_id=path)
+    model.load_state_dict(sd["model"])
+    opt.load_state_dict(sd["optim"])
+    loaded = _snapshot(model, opt)
+    _train(model, opt, rank, 2, start=2)
+    return loaded, _snapshot(model, opt)
