@@ -113,3 +113,21 @@ def checkpoint_load(rank, world, path):
     loaded = _snapshot(model, opt)
     _train(model, opt, rank, 2, start=2)
     return loaded, _snapshot(model, opt)
+
+
+def pruning_masks(rank, world, sparsity, coarse):
+    """Global masks from magnitude scores on the shards vs ``masks_from_scores`` on
+    the unsharded model; ``coarse`` rounds the scores so that ties cross ranks."""
+    from gradsift.pruning import masks_from_scores
+    from gradsift.pruning.sharded import sharded_masks_from_scores
+
+    model, ref = sharded_model(world)
+
+    def magnitude(p):
+        return (p.detach() * 4).round().abs() if coarse else p.detach().abs()
+
+    scores = {n: magnitude(p) for n, p in model.named_parameters() if n.endswith("weight")}
+    masks = sharded_masks_from_scores(scores, sparsity)
+    ref_scores = {n: magnitude(p) for n, p in ref.named_parameters() if n.endswith("weight")}
+    expected = masks_from_scores(ref_scores, sparsity)
+    return [torch.equal(full(masks[n]), expected[n]) for n in expected]

@@ -32,6 +32,7 @@ finiteness flag, then the selection's (``gradsift.select.sharded.selection_bytes
 
 from __future__ import annotations
 
+import math
 from contextlib import contextmanager
 
 import torch
@@ -40,7 +41,7 @@ import torch.distributed as dist
 from gradsift.optim.grads import GradSet
 from gradsift.select.sharded import sharded_topk_mask
 
-__all__ = ["ShardedGrads", "grad_set", "is_sharded"]
+__all__ = ["ShardedGrads", "dtensor_layout", "grad_set", "is_sharded"]
 
 
 def grad_set(params, state_names: tuple[str, ...], touched, state: dict):
@@ -71,7 +72,7 @@ def is_sharded(params) -> bool:
     return bool(flags) and all(flags)
 
 
-def _layout(params) -> tuple[object, list[tuple[int, int, bool]]]:
+def dtensor_layout(params) -> tuple[object, list[tuple[int, int, bool]]]:
     """The selection group and, per parameter, ``(global start, local numel,
     replicated)`` in the global order of the module doc."""
     from torch.distributed.tensor import Replicate, Shard
@@ -92,7 +93,7 @@ def _layout(params) -> tuple[object, list[tuple[int, int, bool]]]:
             shard_dim = shards[0] if shard_dim is None else shard_dim
             if shards[0] != shard_dim:
                 raise ValueError("every parameter must be sharded along the same mesh dimension")
-            row = p[0].numel() if p.dim() else 1
+            row = math.prod(p.shape[1:])  # p[0] on a DTensor would communicate
             first = _first_row(p)
             out.append((base + first * row, local.numel(), False))
         else:
@@ -119,7 +120,7 @@ class ShardedGrads:
         self.ids = {id(p) for p in params}
         self.sparse = None
         self.state = state
-        self.group, self.layout = _layout(params) if params else (None, [])
+        self.group, self.layout = dtensor_layout(params) if params else (None, [])
         self.where = {id(p): lay for p, lay in zip(params, self.layout)}
         for p in params:
             for name in state_names:
