@@ -25,8 +25,8 @@ from torch.optim import Optimizer
 from gradsift.budget import Budget, HasBudget, check_scope
 from gradsift.optim.error_feedback import check_momentum_correction
 from gradsift.optim.fused import fused_step_
-from gradsift.optim.grads import GradSet
 from gradsift.optim.inner import check_inner
+from gradsift.optim.sharded import grad_set
 from gradsift.optim.sparse_sgd import apply_sparse_sgd_, plain_sgd
 from gradsift.optim.state_dict import load_own_state, state_dict_with_own
 from gradsift.select.dispatch import check_backend
@@ -139,10 +139,8 @@ class TopK(HasBudget, Optimizer):
         self.optimizer.defaults = value
 
     def __repr__(self) -> str:
-        return (
-            f"TopK({self.optimizer!r}, {self.budget}, error_feedback={self.error_feedback}, "
-            f"scope={self.scope!r})"
-        )
+        ef = f"error_feedback={self.error_feedback}, scope={self.scope!r}"
+        return f"TopK({self.optimizer!r}, {self.budget}, {ef})"
 
     def _state_names(self) -> tuple[str, ...]:
         names = ("residual",) if self.error_feedback else ()
@@ -150,13 +148,8 @@ class TopK(HasBudget, Optimizer):
 
     def _params(self) -> list[torch.Tensor]:
         """Every parameter once, in param-group order (a tied weight counts once)."""
-        seen, out = set(), []
-        for group in self.param_groups:
-            for p in group["params"]:
-                if id(p) not in seen:
-                    seen.add(id(p))
-                    out.append(p)
-        return out
+        every = {id(p): p for group in self.param_groups for p in group["params"]}
+        return list(every.values())
 
     def _build(self) -> None:
         """Flat buffers for the trainable parameters; existing state is carried over
@@ -169,7 +162,8 @@ class TopK(HasBudget, Optimizer):
         if trainable:  # k beyond what one selection sees: an error, not a dense step
             n = (sum if self.scope == "global" else max)(p.numel() for p in trainable)
             self.budget.check_fits(n, f"the {n} trainable coordinates ({self.scope} scope)")
-        self._grads = GradSet(trainable, self._state_names(), touched)
+        # FSDP2 (DTensor parameters): no flat buckets, the gradients stay FSDP's
+        self._grads = grad_set(trainable, self._state_names(), touched, self.state)
         self._contiguous = all(p.is_contiguous() for p in trainable)
         for b in self._grads.buckets:
             for i, p in enumerate(b.params):
@@ -275,8 +269,7 @@ class TopK(HasBudget, Optimizer):
                 p.grad = None if set_to_none else p.grad.zero_()
 
     def memory_bytes(self) -> dict[str, int]:
-        """Bytes TopK holds beyond the parameters and their gradients: ``state``
-        (residuals, velocities) and ``workspace`` (block keys, scratch)."""
+        """Bytes held beyond parameters and gradients: ``state``, ``workspace``."""
         return self._grads.nbytes()
 
     def state_dict(self) -> dict:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gradsift.lab.bench import BENCHES
+from gradsift.lab.bench.prune_memory import ANCHOR
 from gradsift.lab.studies.common import machine
 from gradsift.lab.tables import render
 
@@ -22,7 +23,7 @@ _QUICK = {
         "iterations": 2,
     },
     "iteration": {"repeats": 1},
-    "prune-memory": {"cases": ("torch global_unstructured L1", "magnitude"), "width": 128, "depth": 2},
+    "prune-memory": {"cases": (ANCHOR, "magnitude"), "width": 128, "depth": 2},
 }
 
 

@@ -1,0 +1,241 @@
+"""``TopK`` on sharded models (FSDP2, ``DTensor`` parameters): the gradients stay
+FSDP's, the selection is global across the mesh.
+
+``TopK`` takes this path when its parameters are ``DTensor`` s (``is_sharded``, the
+one place that decides); plain tensors keep the flat-buffer path of
+``gradsift.optim.grads``. ``ShardedGrads`` speaks ``GradSet``'s protocol, so the
+wrapper's step is the same code:
+
+- **State** (``residual``, DGC ``momentum``) is a ``DTensor`` like the parameter
+  (``zeros_like(p)``): each rank holds only its shard, and ``state_dict`` carries
+  ``DTensor`` s, which ``torch.distributed.checkpoint`` saves and reshards on load.
+- **Global order.** Coordinates are numbered as in the unsharded model: parameters in
+  param-group order, each full tensor row-major. A ``Shard(0)`` parameter's local rows
+  are one contiguous range of that order (start = base of the parameter + first row
+  times the row length), so a rank's shard is a list of ``(global start, length)``
+  segments and ``gradsift.select.sharded`` selects exactly what single-process
+  ``TopK`` would on the full gradient, lowest-global-index ties included.
+- **Step.** On the local shards, ``u = m u + g``, ``a = r + u`` (or ``r + g``), the
+  global top-k mask ``S`` of ``|a|`` across the mesh's shard group, then
+  ``g <- a`` on ``S`` and 0 elsewhere, ``r <- a`` with ``S`` zeroed, ``u`` zeroed on
+  ``S``, all **in place** in FSDP's gradient ``DTensor`` s (never replaced); the inner
+  optimizer then steps on them as usual.
+
+Placements: ``Shard(0)`` on one mesh dimension, ``Replicate`` on the others (FSDP2,
+HSDP: replicas hold equal gradients and make equal selections within their shard
+group), or ``Replicate`` everywhere (counted once, on the group's first rank, whose
+mask for those parameters is then broadcast: one byte per replicated coordinate).
+Other placements raise ``ValueError``. Communication per step: one all-reduce of a
+finiteness flag, then the selection's (``gradsift.select.sharded.selection_bytes``);
+``scope="layer"`` runs one selection per parameter.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+
+import torch
+import torch.distributed as dist
+
+from gradsift.optim.grads import GradSet
+from gradsift.select.sharded import sharded_topk_mask
+
+__all__ = ["ShardedGrads", "dtensor_layout", "grad_set", "is_sharded"]
+
+
+def grad_set(params, state_names: tuple[str, ...], touched, state: dict):
+    """The gradients ``TopK`` manages: ``ShardedGrads`` for ``DTensor`` parameters
+    (decided here only), else the flat buckets of ``GradSet``."""
+    if is_sharded(params):
+        return ShardedGrads(params, state_names, state)
+    return GradSet(params, state_names, touched)
+
+
+def _dtensor_type():
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # torch without distributed
+        return None
+    return DTensor
+
+
+def is_sharded(params) -> bool:
+    """Whether ``params`` are ``DTensor`` s (all or none: a mix raises)."""
+    dt = _dtensor_type()
+    flags = [dt is not None and isinstance(p, dt) for p in params]
+    if any(flags) and not all(flags):
+        raise ValueError(
+            "params mix DTensor (sharded) and plain tensors: wrap every trained module "
+            "with fully_shard, or none"
+        )
+    return bool(flags) and all(flags)
+
+
+def dtensor_layout(params) -> tuple[object, list[tuple[int, int, bool]]]:
+    """The selection group and, per parameter, ``(global start, local numel,
+    replicated)`` in the global order of the module doc."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    mesh, shard_dim, out, base = params[0].device_mesh, None, [], 0
+    for p in params:
+        if p.device_mesh != mesh:
+            raise ValueError("every sharded parameter must live on the same device mesh")
+        shards = [i for i, pl in enumerate(p.placements) if isinstance(pl, Shard)]
+        others_ok = all(isinstance(pl, Replicate | Shard) for pl in p.placements)
+        if len(shards) > 1 or not others_ok or any(p.placements[i].dim != 0 for i in shards):
+            raise ValueError(
+                f"parameter placements {p.placements} are not supported: Shard(0) on one "
+                "mesh dimension and Replicate on the others (FSDP2, HSDP), or Replicate"
+            )
+        local = p.to_local()
+        if shards:
+            shard_dim = shards[0] if shard_dim is None else shard_dim
+            if shards[0] != shard_dim:
+                raise ValueError("every parameter must be sharded along the same mesh dimension")
+            row = math.prod(p.shape[1:])  # p[0] on a DTensor would communicate
+            first = _first_row(p)
+            out.append((base + first * row, local.numel(), False))
+        else:
+            out.append((base, local.numel(), True))
+        base += p.numel()
+    group = mesh.get_group(shard_dim if shard_dim is not None else 0)
+    return group, out
+
+
+def _first_row(p) -> int:
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    _, offset = compute_local_shape_and_global_offset(p.shape, p.device_mesh, p.placements)
+    return int(offset[0]) if offset else 0
+
+
+class ShardedGrads:
+    """``GradSet``'s protocol over ``DTensor`` parameters (see the module doc)."""
+
+    def __init__(self, params, state_names: tuple[str, ...], state: dict):
+        self.params = params
+        self.state_names = state_names
+        self.buckets: list = []  # no flat buffers: FSDP owns the gradients
+        self.ids = {id(p) for p in params}
+        self.sparse = None
+        self.state = state
+        self.group, self.layout = dtensor_layout(params) if params else (None, [])
+        self.where = {id(p): lay for p, lay in zip(params, self.layout)}
+        for p in params:
+            for name in state_names:
+                if name not in state[p]:
+                    state[p][name] = torch.zeros_like(p)
+
+    def stale(self) -> bool:
+        return False
+
+    def close(self) -> set[int]:
+        return {id(p) for p in self.params if p.grad is not None}
+
+    def prepare(self, others, name_of):
+        """The parameters with a gradient; a non-finite one on any rank raises the
+        same ``ValueError`` on every rank, before anything is modified."""
+        if others:
+            raise ValueError(
+                f"{name_of(others[0])} has a gradient but was not trainable when "
+                "TopK was built; sharded TopK does not pick it up"
+            )
+        present = [p for p in self.params if p.grad is not None]
+        bad = torch.zeros(1, dtype=torch.int64)
+        for p in present:
+            bad += int(torch.count_nonzero(~torch.isfinite(p.grad.to_local())))
+        dist.all_reduce(bad, group=self.group)
+        if int(bad):
+            raise ValueError(
+                f"the gradients hold {int(bad)} non-finite entries across ranks; nothing "
+                "was modified. Use torch.amp.GradScaler or find the source of the inf/NaN."
+            )
+        return present, True
+
+    def select(self, present, complete: bool, budget, scope: str, momentum, own):
+        """Error feedback and the global top-k, written into the gradients; None."""
+        groups = [present] if scope == "global" else [[p] for p in present]
+        for ps in groups:
+            if ps:
+                self._select(ps, budget, momentum or 0.0, own)
+        return None
+
+    def _select(self, ps, budget, momentum: float, own) -> None:
+        k = budget.resolve(sum(p.numel() for p in ps))
+        rank0 = dist.get_rank(self.group) == 0
+        accs, parts, segments = [], [], []
+        for p in ps:
+            g = p.grad.to_local()
+            r, u = (own(p, n) for n in ("residual", "momentum"))
+            r, u = (None if t is None else t.to_local() for t in (r, u))
+            added = g if u is None else u.mul_(momentum).add_(g)
+            a = g if r is None else r.add_(added)
+            start, n, replicated = self.where[id(p)]
+            counted = rank0 or not replicated
+            accs.append((g, a, r, u, replicated, counted))
+            if counted:
+                parts.append(a.reshape(-1))
+                segments.append((start, n))
+        dtype = parts[0].dtype if parts else ps[0].dtype
+        for t in parts:
+            dtype = torch.promote_types(dtype, t.dtype)
+        flat = torch.cat([t.to(dtype) for t in parts]) if parts else _empty(ps[0], dtype)
+        mask = sharded_topk_mask(flat, k, segments=segments, group=self.group)
+        self._write_back(accs, mask)
+
+    def _write_back(self, accs, mask) -> None:
+        """``g <- a`` on the mask, 0 elsewhere; ``r``, ``u`` zeroed on it; replicated
+        parameters take the group's first rank's mask."""
+        masks, at = [], 0
+        for g, _, _, _, _, counted in accs:
+            n = g.numel() if counted else 0
+            masks.append(mask[at : at + n].view(g.shape) if counted else None)
+            at += n
+        rep = [i for i, acc in enumerate(accs) if acc[4]]
+        if rep:
+            shared = torch.cat([_flat_mask(masks[i], accs[i][0]) for i in rep]).to(torch.uint8)
+            dist.broadcast(shared, group_src=0, group=self.group)
+            at = 0
+            for i in rep:
+                n = accs[i][0].numel()
+                masks[i] = shared[at : at + n].bool().view(accs[i][0].shape)
+                at += n
+        for (g, a, r, u, _, _), m in zip(accs, masks):
+            if a is not g:
+                g.copy_(a)
+            g.masked_fill_(~m, 0)
+            for state in (r, u):
+                if state is not None:
+                    state.masked_fill_(m, 0)
+
+    @contextmanager
+    def absent_as_none(self):
+        yield
+
+    def zero_(self, set_to_none: bool) -> None:
+        for p in self.params:
+            if set_to_none:
+                p.grad = None
+            elif p.grad is not None:
+                p.grad.zero_()
+
+    def nbytes(self) -> dict[str, int]:
+        state = sum(
+            t.to_local().numel() * t.element_size()
+            for p in self.params
+            for name, t in self.state[p].items()
+            if name in self.state_names
+        )
+        return {"state": state, "workspace": 0}
+
+
+def _flat_mask(mask, g) -> torch.Tensor:
+    """``mask`` flat, or zeros where this rank did not count the parameter."""
+    if mask is None:
+        return torch.zeros(g.numel(), dtype=torch.bool, device=g.device)
+    return mask.reshape(-1)
+
+
+def _empty(like, dtype) -> torch.Tensor:
+    return torch.zeros(0, dtype=dtype, device=like.to_local().device)

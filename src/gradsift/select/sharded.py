@@ -1,0 +1,243 @@
+"""Exact global top-k of a vector sharded across ranks, without gathering it.
+
+Each rank holds a shard ``x_r`` of one long vector ``X`` and knows where its
+coordinates sit in ``X`` (one global ``offset``, or several ``segments``). The result
+on rank ``r`` is the set of its local positions that ``topk_indices(X, k)`` would
+select: the same multiset of keys and the same **lowest-global-index ties**, so the
+union over ranks is exactly the single-process selection.
+
+The algorithm is a radix select over order keys (as in torch's ``TensorTopK.cu`` and
+NVIDIA's AIR top-k: Zhang et al., "Parallel Top-K Algorithms on GPU: A Comprehensive
+Study and New Methods", SC'23), with the per-block histograms merged across ranks
+instead of across thread blocks:
+
+1. **Keys.** Every float becomes a signed integer whose order is the order of ``|x|``
+   (``absolute``) or of ``x``: the IEEE bits with the sign cleared, or, for signed
+   order, negative floats with their magnitude bits flipped (``-0`` made ``+0`` first,
+   so that the two tie). float16 and bfloat16 widen exactly to float32, so 32-bit keys
+   serve all three; float64 gets 64-bit keys. The unsigned digits of ``key ^ MIN``
+   (the sign bit flipped) read from the top give the same order.
+2. **One digit per pass.** For ``D = 8``-bit digits ``d_p`` (4 passes for 32-bit keys,
+   8 for 64-bit), each rank counts the digits of its remaining candidates into 256
+   bins, the bins are summed with **one all-reduce** (``O(256)`` integers, no
+   values), and every rank picks the same digit ``d*``: the largest with
+   ``#{keys above} < need <= #{keys above} + hist[d*]``. Candidates narrow to that
+   digit, ``need`` drops by the keys above. If the bin holds exactly ``need`` keys,
+   all of them are taken and the select stops early (no ties at the cut).
+3. **Ties at the cut.** After the last pass the k-th key ``v`` is known exactly. Every
+   key ``> v`` is selected; of the ``t`` keys ``== v`` the lowest ``need`` global
+   indices win. Each rank counts its ties per segment and **one all-gather** of
+   ``(global start, tie count)`` pairs tells every rank how many ties precede each of
+   its segments in global order; a segment takes ``clamp(need - before, 0, ties)``
+   of its lowest tie positions.
+
+Communication per call: at most ``passes`` all-reduces of ``256 + 4`` int64 (the first
+also carries the NaN count and checks that every rank passed the same ``k``, key
+width and order) plus one all-gather of ``2 * segments`` int64 per rank (two
+all-gathers when ``segments`` vary), independent of the vector's length. A NaN on
+any rank raises the same ``ValueError`` on every rank, after the first all-reduce,
+so no rank is left waiting in a collective.
+
+Every rank must call with the same ``k`` and ``absolute`` and a shard of the same
+dtype, and shards must not overlap; they may be uneven or empty. Torch ops only: the
+tensors stay on ``x``'s device (CPU with gloo, CUDA with NCCL).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from gradsift.checks import check_int
+
+__all__ = ["BINS", "sharded_topk_indices", "sharded_topk_mask", "selection_bytes"]
+
+DIGIT = 8
+BINS = 1 << DIGIT
+_EXTRA = 4  # after the bins: NaN count, k, key bits, absolute
+
+
+def order_keys(x: torch.Tensor, absolute: bool) -> torch.Tensor:
+    """Signed-integer keys whose order is the order of ``|x|`` (or ``x``); int32 for
+    16- and 32-bit floats (widened exactly to float32), int64 for float64."""
+    if x.dtype == torch.float64:
+        bits, int_dtype = x.view(torch.int64), torch.int64
+        mag_mask, top = 0x7FFFFFFFFFFFFFFF, 63
+    else:
+        bits, int_dtype = x.to(torch.float32).view(torch.int32), torch.int32
+        mag_mask, top = 0x7FFFFFFF, 31
+    mag = torch.bitwise_and(bits, mag_mask)
+    if absolute:
+        return mag
+    b = torch.where(mag == 0, torch.zeros((), dtype=int_dtype, device=x.device), bits)
+    return torch.bitwise_xor(b, torch.bitwise_and(b >> top, mag_mask))
+
+
+def _digit(keys: torch.Tensor, shift: int, top: bool) -> torch.Tensor:
+    """The unsigned 8-bit digit at ``shift`` of ``key ^ MIN`` (the top one flipped)."""
+    d = torch.bitwise_and(keys >> shift, BINS - 1)
+    return torch.bitwise_xor(d, BINS >> 1) if top else d
+
+
+def _check_args(x, k, absolute, offset, segments):
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"x must have a floating dtype, got {x.dtype}")
+    if x.dim() != 1:
+        raise ValueError(f"x must be 1-D (a rank's flat shard), got shape {tuple(x.shape)}")
+    k = check_int("k", k, minimum=1)
+    if segments is None:
+        return k, [(0, x.numel(), check_int("offset", offset, minimum=0))], False
+    out, start = [], 0
+    for seg in segments:
+        g, n = (check_int("segments", v, minimum=0) for v in seg)
+        out.append((start, n, g))
+        start += n
+    if start != x.numel():
+        raise ValueError(f"segments must cover x: their lengths sum to {start}, x has {x.numel()}")
+    return k, out, True
+
+
+def _first_pass_extras(x, k, absolute, bits):
+    nan = int(torch.count_nonzero(torch.isnan(x))) if x.numel() else 0
+    return [nan, k, bits, int(absolute)]
+
+
+def _agree(extras, world: int, total: int, k: int) -> None:
+    """Raise the same error on every rank from the summed first-pass extras."""
+    nan, k_sum, bits_sum, abs_sum = extras
+    if k_sum != k * world or abs_sum % world or bits_sum % world:
+        raise ValueError(
+            "every rank must pass the same k, absolute and shard dtype (float64 vs other "
+            f"floats); sums over {world} ranks: k {k_sum}, absolute {abs_sum}, key bits {bits_sum}"
+        )
+    if nan:
+        raise ValueError(f"x contains {nan} NaN entries across ranks; top-k of NaN is undefined")
+    if k > total:
+        raise ValueError(f"k must satisfy 1 <= k <= the global length {total}, got {k}")
+
+
+def _radix_select(keys, k, absolute, bits, x, group):
+    """Radix passes (see the module doc): ``(threshold, need, exact)`` where the
+    selection is ``keys > threshold`` plus ``need`` lowest-index ties ``== threshold``
+    when ``exact``, else ``keys >= threshold`` (an early stop, no ties to break)."""
+    world = dist.get_world_size(group)
+    cand, need, prefix = keys, k, 0
+    passes = bits // DIGIT
+    for p in range(passes):
+        shift = bits - DIGIT * (p + 1)
+        d = _digit(cand, shift, top=p == 0)
+        hist = torch.bincount(d.to(torch.int64), minlength=BINS)
+        if p == 0:
+            extras = hist.new_tensor(_first_pass_extras(x, k, absolute, bits))
+            hist = torch.cat([hist, extras])
+        dist.all_reduce(hist, group=group)
+        counts = hist[:BINS].tolist()
+        if p == 0:
+            _agree(hist[BINS:].tolist(), world, sum(counts), k)
+        above = 0
+        for digit in range(BINS - 1, -1, -1):
+            if above + counts[digit] >= need:
+                break
+            above += counts[digit]
+        need -= above
+        prefix |= digit << shift
+        if counts[digit] == need or p == passes - 1:
+            return _signed(prefix, bits), need, counts[digit] != need
+        cand = cand[d == digit]
+    raise AssertionError("unreachable")
+
+
+def _signed(prefix: int, bits: int) -> int:
+    """The signed key of the unsigned digits ``prefix`` (``key ^ MIN``)."""
+    return prefix - (1 << (bits - 1))
+
+
+def _tie_mask(keys, v, need, segs, varied, group, device) -> torch.Tensor:
+    """``keys == v`` restricted to the lowest ``need`` global indices over all ranks."""
+    tied = keys == v
+    counts = [int(torch.count_nonzero(tied[s : s + n])) for s, n, _ in segs]
+    mine = [(g, c) for (_, _, g), c in zip(segs, counts) if c]
+    table = _all_gather_pairs(mine, varied, group, device)
+    order = sorted(table)
+    chosen = torch.zeros_like(tied)
+    for (s, n, g), c in zip(segs, counts):
+        if not c:
+            continue
+        before = sum(cnt for start, cnt in order if start < g)
+        take = max(0, min(need - before, c))
+        if take:
+            pos = torch.nonzero(tied[s : s + n]).squeeze(1)[:take] + s
+            chosen[pos] = True
+    return chosen
+
+
+def _all_gather_pairs(pairs, varied, group, device) -> list[tuple[int, int]]:
+    """All ranks' ``(global start, tie count)`` pairs: one all-gather of a fixed
+    width (one segment per rank), or a length all-gather first (``varied``)."""
+    world = dist.get_world_size(group)
+    width = 1
+    if varied:
+        n = torch.tensor([len(pairs)], dtype=torch.int64, device=device)
+        lengths = [torch.empty_like(n) for _ in range(world)]
+        dist.all_gather(lengths, n, group=group)
+        width = max(int(t) for t in lengths)
+        if width == 0:
+            return []
+    flat = [v for pair in pairs for v in pair] + [0, 0] * (width - len(pairs))
+    mine = torch.tensor(flat, dtype=torch.int64, device=device)
+    out = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(out, mine, group=group)
+    return [(int(t[2 * i]), int(t[2 * i + 1])) for t in out for i in range(width) if t[2 * i + 1]]
+
+
+@torch.no_grad()
+def sharded_topk_mask(
+    x: torch.Tensor, k: int, *, offset: int = 0, segments=None, absolute: bool = True, group=None
+) -> torch.Tensor:
+    """Boolean mask over this rank's shard ``x`` of the global top-k (module doc).
+
+    Args:
+        x: this rank's 1-D floating shard (may be empty), CPU or CUDA.
+        k: how many to select over the whole vector, ``1 <= k <=`` its global length;
+            the same on every rank.
+        offset: the global index of ``x[0]`` (one contiguous shard).
+        segments: instead of ``offset``, ``(global start, length)`` pairs that tile
+            ``x`` in order (a shard made of several ranges of the global vector, as a
+            rank's rows of each FSDP-sharded parameter).
+        absolute: rank by ``|x|`` (default) or by ``x``.
+        group: the process group (default: the world).
+
+    Raises ``ValueError`` on every rank for NaN anywhere, ``k`` beyond the global
+    length, or ranks disagreeing on ``k``, ``absolute`` or the key width.
+    """
+    k, segs, varied = _check_args(x, k, absolute, offset, segments)
+    x = x.contiguous()
+    keys = order_keys(x, bool(absolute))
+    bits = 64 if keys.dtype == torch.int64 else 32
+    v, need, exact = _radix_select(keys, k, bool(absolute), bits, x, group)
+    if not exact:
+        return keys >= v
+    return (keys > v) | _tie_mask(keys, v, need, segs, varied, group, x.device)
+
+
+def sharded_topk_indices(
+    x: torch.Tensor, k: int, *, offset: int = 0, segments=None, absolute: bool = True, group=None
+) -> torch.Tensor:
+    """This rank's local positions (int64, ascending) of the global top-k; arguments
+    as ``sharded_topk_mask``. With one ``offset`` the global indices are
+    ``result + offset``."""
+    return torch.nonzero(
+        sharded_topk_mask(x, k, offset=offset, segments=segments, absolute=absolute, group=group)
+    ).squeeze(1)
+
+
+def selection_bytes(world: int, *, passes: int = 4, segments: int = 1) -> dict[str, int]:
+    """Bytes one rank contributes to the selection's collectives (upper bound: the
+    select may stop before ``passes``): ``allreduce`` (``passes`` all-reduces of
+    ``BINS + 4`` int64) and ``allgather`` (``2 * segments`` int64 from each rank)."""
+    return {
+        "allreduce": passes * BINS * 8 + _EXTRA * 8,
+        "allgather": world * 2 * segments * 8,
+    }

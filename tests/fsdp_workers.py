@@ -1,0 +1,133 @@
+"""Workers for the FSDP2 tests on gloo ranks (spawned: must be importable)."""
+
+import copy
+
+import torch
+import torch.nn.functional as F
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+from ddp_workers import batch, small_model
+from gradsift import TopK
+
+
+def sharded_model(world, seed=0):
+    """``small_model`` and an unsharded copy of its initial weights."""
+    model = small_model(seed)
+    ref = copy.deepcopy(model)
+    mesh = init_device_mesh("cpu", (world,))
+    for layer in model:
+        if any(True for _ in layer.parameters()):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model, ref
+
+
+def topk_pair(model, ref, **kw):
+    def make(m):
+        return TopK(torch.optim.SGD(m.parameters(), lr=0.1), **kw)
+
+    return make(model), make(ref)
+
+
+def full(t):
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def step_matches_single_process(rank, world, kw):
+    """Sharded TopK vs single-process TopK fed the same (averaged) full gradient:
+    parameters and residuals compared bit for bit after each of 3 steps."""
+    model, ref = sharded_model(world)
+    opt, ref_opt = topk_pair(model, ref, **kw)
+    # the sharded path lets the inner SGD step densely (p - lr * g with g zero off the
+    # selection); a no-op hook makes the single-process reference do the same instead
+    # of its sparse index_add_, which may round the product differently (1 ulp)
+    ref_opt.optimizer.register_step_pre_hook(lambda *args: None)
+    report = []
+    for step in range(3):
+        x, y = batch(rank, step)
+        F.cross_entropy(model(x), y).backward()
+        grads = [full(p.grad) for p in model.parameters()]
+        for q, g in zip(ref.parameters(), grads):
+            q.grad = g.clone()
+        opt.step()
+        ref_opt.step()
+        same_params = all(
+            torch.equal(full(p.detach()), q.detach())
+            for p, q in zip(model.parameters(), ref.parameters())
+        )
+        names = [n for n in ("residual", "momentum") if n in opt.state[next(model.parameters())]]
+        same_state = all(
+            torch.equal(full(opt.state[p][n]), ref_opt.state[q][n])
+            for p, q in zip(model.parameters(), ref.parameters())
+            for n in names
+        )
+        kept = sum(int(torch.count_nonzero(full(p.grad))) for p in model.parameters())
+        report.append((same_params, same_state, kept, names))
+        opt.zero_grad()
+        ref_opt.zero_grad()
+    return report
+
+
+def _train(model, opt, rank, steps, start=0):
+    for step in range(start, start + steps):
+        x, y = batch(rank, step)
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def _snapshot(model, opt):
+    """Full parameters and residuals as lists (tensors do not survive the queue once
+    the process that made them exits)."""
+    params = [full(p.detach()).tolist() for p in model.parameters()]
+    residuals = [full(opt.state[p]["residual"]).tolist() for p in model.parameters()]
+    return params, residuals
+
+
+def checkpoint_save(rank, world, path):
+    """Train 2 steps, save with torch.distributed.checkpoint, train 2 more; the
+    snapshots at the save and at the end."""
+    import torch.distributed.checkpoint as dcp
+
+    model, _ = sharded_model(world)
+    opt = TopK(torch.optim.SGD(model.parameters(), lr=0.1), density=0.1)
+    _train(model, opt, rank, 2)
+    dcp.save({"model": model.state_dict(), "optim": opt.state_dict()}, checkpoint_id=path)
+    saved = _snapshot(model, opt)
+    _train(model, opt, rank, 2, start=2)
+    return saved, _snapshot(model, opt)
+
+
+def checkpoint_load(rank, world, path):
+    """Load the checkpoint (any world size); the snapshot after loading, and after 2
+    more steps."""
+    import torch.distributed.checkpoint as dcp
+
+    model, _ = sharded_model(world, seed=1)  # other weights: the load must replace them
+    opt = TopK(torch.optim.SGD(model.parameters(), lr=0.1), density=0.1)
+    sd = {"model": model.state_dict(), "optim": opt.state_dict()}
+    dcp.load(sd, checkpoint_id=path)
+    model.load_state_dict(sd["model"])
+    opt.load_state_dict(sd["optim"])
+    loaded = _snapshot(model, opt)
+    _train(model, opt, rank, 2, start=2)
+    return loaded, _snapshot(model, opt)
+
+
+def pruning_masks(rank, world, sparsity, coarse):
+    """Global masks from magnitude scores on the shards vs ``masks_from_scores`` on
+    the unsharded model; ``coarse`` rounds the scores so that ties cross ranks."""
+    from gradsift.pruning import masks_from_scores
+    from gradsift.pruning.sharded import sharded_masks_from_scores
+
+    model, ref = sharded_model(world)
+
+    def magnitude(p):
+        return (p.detach() * 4).round().abs() if coarse else p.detach().abs()
+
+    scores = {n: magnitude(p) for n, p in model.named_parameters() if n.endswith("weight")}
+    masks = sharded_masks_from_scores(scores, sparsity)
+    ref_scores = {n: magnitude(p) for n, p in ref.named_parameters() if n.endswith("weight")}
+    expected = masks_from_scores(ref_scores, sparsity)
+    return [torch.equal(full(masks[n]), expected[n]) for n in expected]

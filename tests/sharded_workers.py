@@ -1,0 +1,152 @@
+"""Worker functions for the multi-rank sharded tests (spawned: must be importable)."""
+
+import traceback
+
+import torch
+import torch.distributed as dist
+
+from ddp_workers import init
+from gradsift.select import topk_indices
+from gradsift.select.sharded import sharded_topk_indices
+
+
+def run_world(target, world, *extra, deadline_s=120):
+    """Run ``target(rank, world, *extra)`` on ``world`` gloo ranks; results by rank.
+
+    Each rank puts ``(rank, result)`` (or ``(rank, "error: ...")``) on a queue; the
+    processes are killed once the results are in or the deadline passes."""
+    import multiprocessing as mp
+    import queue as queue_module
+
+    from gradsift.lab.launch import free_port
+
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    port = free_port()
+    procs = [
+        ctx.Process(target=_wrapped, args=(target, r, world, port, q, extra)) for r in range(world)
+    ]
+    for p in procs:
+        p.start()
+    results = {}
+    try:
+        for _ in range(world):
+            rank, value = q.get(timeout=deadline_s)
+            results[rank] = value
+    except queue_module.Empty:
+        results["timeout"] = f"no result within {deadline_s}s from {world - len(results)} ranks"
+    finally:
+        for p in procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+    return results
+
+
+def _wrapped(target, rank, world, port, q, extra):
+    try:
+        init(rank, world, port)
+        q.put((rank, target(rank, world, *extra)))
+    except Exception as e:  # reported to the test, which fails on it
+        q.put((rank, f"error: {type(e).__name__}: {e}\n{traceback.format_exc()}"))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def split(x, sizes):
+    """Contiguous shards of ``x`` with their offsets."""
+    out, start = [], 0
+    for n in sizes:
+        out.append((x[start : start + n], start))
+        start += n
+    return out
+
+
+def select_cases(rank, world):
+    """Each case: the global vector, the shard sizes, k, absolute. Returns, per case,
+    this rank's global indices and the single-process reference."""
+    cases = []
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(1000, generator=gen)
+    cases.append((x, even(1000, world), 37, True))
+    cases.append((x, even(1000, world), 37, False))
+    cases.append((x.to(torch.float64), even(1000, world), 100, True))
+    cases.append((x.to(torch.bfloat16), even(1000, world), 50, True))
+    cases.append((x.to(torch.float16), even(1000, world), 500, False))
+    # ties at the cut spanning ranks: many equal magnitudes, signs mixed, and -0/+0
+    ties = torch.tensor([1.0, -1.0, 0.5, 2.0, -0.0, 0.0] * 50)
+    cases.append((ties, even(300, world), 70, True))
+    cases.append((ties, even(300, world), 3, False))
+    cases.append((torch.zeros(90), even(90, world), 10, True))
+    # k larger than one shard, uneven shards, and an empty shard
+    sizes = [0] + even(600, world - 1) if world > 1 else [600]
+    cases.append((torch.randn(600, generator=gen), sizes, 450, True))
+    cases.append(
+        (
+            torch.randn(600, generator=gen),
+            [590] + [10 // (world - 1)] * (world - 1) if world > 1 else [600],
+            20,
+            True,
+        )
+    )
+    cases.append((torch.tensor([float("inf"), -float("inf"), 3.0] * 20), even(60, world), 41, True))
+    out = []
+    for vec, sizes, k, absolute in cases:
+        shard, offset = split(vec, sizes)[rank]
+        mine = sharded_topk_indices(shard, k, offset=offset, absolute=absolute) + offset
+        gathered = [None] * world
+        dist.all_gather_object(gathered, mine.tolist())
+        union = sorted(i for g in gathered for i in g)
+        ref = topk_indices(vec, k, absolute=absolute).tolist()
+        out.append((union, ref))
+    return out
+
+
+def even(n, world):
+    return [n // world + (1 if r < n % world else 0) for r in range(world)]
+
+
+def nan_case(rank, world):
+    """A NaN on the last rank only: every rank must raise the same ValueError."""
+    x = torch.randn(10)
+    if rank == world - 1:
+        x[3] = float("nan")
+    try:
+        sharded_topk_indices(x, 5, offset=10 * rank)
+    except ValueError as e:
+        return f"ValueError: {e}"
+    return "no error"
+
+
+def segments_case(rank, world):
+    """Interleaved segments (a rank's rows of each parameter) with ties across them."""
+    gen = torch.Generator().manual_seed(3)
+    a = torch.round(torch.randn(12, 5, generator=gen) * 2)
+    b = torch.round(torch.randn(7, 3, generator=gen) * 2)
+    vec = torch.cat([a.reshape(-1), b.reshape(-1)])
+    parts, segs, base = [], [], 0
+    for t in (a, b):
+        rows = even(t.shape[0], world)
+        start = sum(rows[:rank])
+        local = t[start : start + rows[rank]].reshape(-1)
+        parts.append(local)
+        segs.append((base + start * t.shape[1], local.numel()))
+        base += t.numel()
+    shard = torch.cat(parts)
+    results = []
+    for k in (1, 9, 40, vec.numel()):
+        local = sharded_topk_indices(shard, k, segments=segs)
+        glob = [_to_global(int(i), segs) for i in local]
+        gathered = [None] * world
+        dist.all_gather_object(gathered, glob)
+        results.append((sorted(i for g in gathered for i in g), topk_indices(vec, k).tolist()))
+    return results
+
+
+def _to_global(i, segs):
+    for g, n in segs:
+        if i < n:
+            return g + i
+        i -= n
+    raise IndexError(i)
