@@ -180,3 +180,12 @@ def test_one_compilation_serves_both_orders_and_every_pass():
     before = sum(len(c[0]) for c in stage_kernel.device_caches.values())
     topk_indices(x[:8000], 7, absolute=False, backend="triton")
     assert sum(len(c[0]) for c in stage_kernel.device_caches.values()) == before
+
+
+def test_warmup_runs_both_block_sizes_staged():
+    # warmup must reach the kernels a training step will use: the 32-element and
+    # the 8-element staged selections (k = 2000 of 32768 was unstaged: nothing warmed)
+    _topk_triton._CACHED.clear()
+    _topk_triton.warmup(device=DEVICE, dtypes=(torch.float32,))
+    runs = {(sel.block, sel.staged) for sel, _ in _topk_triton._CACHED.values()}
+    assert runs == {(32, True), (8, True)}

@@ -37,7 +37,15 @@ import torch
 import triton
 import triton.language as tl
 
-from gradsift.select.triton.keys import _FLAG, _TILE, FLAG, TILE, load_source, rounded
+from gradsift.select.triton.keys import (
+    _FLAG,
+    _TILE,
+    FLAG,
+    TILE,
+    load_source,
+    rounded,
+    source_mode,
+)
 from gradsift.select.triton.replay import Replay
 from gradsift.select.triton.topk import Selection
 
@@ -130,7 +138,7 @@ class FusedStep:
         ``lrs`` (one per tensor of ``params``, which start at ``offsets`` of ``grad``),
         apply plain SGD to them. Returns the selected ``(indices, values)``."""
         sel, n = self.selection, grad.numel()
-        mode = 0 if residual is None else 2 if velocity is not None else 1
+        mode = source_mode(residual, velocity)
         src = (grad, residual, velocity, float(momentum))
         table = (None, None, None)
         if lrs is not None:
@@ -149,8 +157,10 @@ class FusedStep:
             )  # fmt: skip
 
         states = tuple(t.data_ptr() if t is not None else 0 for t in (grad, residual, velocity))
-        self.replay((states, n, grad.dtype, k, float(momentum), self._table_key), grad.device,
-                    launch)  # fmt: skip
+        # the table's key only when the SGD apply is launched: a step without it must
+        # never replay a graph captured with it
+        applied = self._table_key if lrs is not None else None
+        self.replay((states, n, grad.dtype, k, float(momentum), applied), grad.device, launch)
         return sel.indices, sel.values
 
     @property

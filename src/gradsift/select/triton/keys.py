@@ -23,7 +23,15 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["TILE", "block_keys_kernel", "flags_of", "load_source", "order_key", "rounded"]
+__all__ = [
+    "TILE",
+    "block_keys_kernel",
+    "flags_of",
+    "load_source",
+    "order_key",
+    "rounded",
+    "source_mode",
+]
 
 TILE = 4096  # elements (or block keys) per tile: a few KiB of keys in registers
 _TILE = tl.constexpr(TILE)
@@ -70,6 +78,12 @@ def rounded(x, dtype: tl.constexpr):
     elif dtype != tl.float32:
         x = x.to(dtype)
     return x
+
+
+def source_mode(residual, velocity) -> int:
+    """``load_source``'s MODE for the states given: 0 (``x``), 1 (``r + x``) or 2
+    (``r + (m u + x)``)."""
+    return 0 if residual is None else 2 if velocity is not None else 1
 
 
 @triton.jit

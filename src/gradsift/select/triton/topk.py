@@ -1,9 +1,9 @@
 """Exact global top-k as Triton kernels, with no host synchronisation.
 
 The same selection as ``gradsift.select`` (the k largest keys, ascending indices, the
-lowest-index ties at the cut) in two stages, all decided on the device:
+lowest-index ties at the cut) in three stages, all decided on the device:
 
-0. **Block keys** (when ``4 k <= N / BLOCK``, ``BLOCK`` = 32, or 8 for larger k):
+0. **Block filter** (when ``4 k <= N / BLOCK``, ``BLOCK`` = 32, or 8 for larger k):
    one pass reads every element, writes the largest key of each block of ``BLOCK``
    and ORs NaN into a flag. Two radix passes over the block keys give ``t``, the
    k-th largest block key with its low 16 bits cleared (exact for 16-bit keys). At
@@ -11,18 +11,20 @@ lowest-index ties at the cut) in two stages, all decided on the device:
    element is ``>= t``: every element of the top k, and every one tied with the k-th,
    lies in a block whose key is ``>= t``. Those blocks are compacted, in order, into
    a buffer of ``2 k + SLACK`` blocks.
-1. **Exact stage** over the elements of those candidate blocks: radix select of the
-   k-th largest key ``v``, then ordered compaction of ``key > v`` and the first
-   ``need`` keys ``== v`` (``gradsift.select.triton.radix``). If the candidates
-   overflow the buffer (many blocks tied at ``t``, as with mostly-zero gradients)
-   the same kernels read every block instead: the dense fallback is decided on the
-   device and costs speed, never exactness.
+1. **Element list**: the elements ``>= t`` of those blocks, with their indices,
+   compacted in order into a list of ``3 k + LIST_SLACK``.
+2. **Exact stage** over the listed elements: radix select of the k-th largest key
+   ``v``, then ordered compaction of ``key > v`` and the first ``need`` keys ``== v``
+   (``gradsift.select.triton.radix``). If a buffer before it overflows (many blocks
+   tied at ``t``, as with mostly-zero gradients) the stage after it reads every
+   element instead: the dense fallback is decided on the device and costs speed,
+   never exactness. Unstaged selections (larger k, masks) run stage 2 alone.
 
 Every kernel runs a fixed grid of programs, each owning a contiguous range of tiles,
 so launch shapes depend only on ``(N, k, dtype)`` and the kernels can be captured in
 a CUDA graph. The pass, the phase and the order (``absolute``) are run-time
-arguments: per dtype only three kernels are compiled (block keys, stage 0, stage 1),
-which ``warmup`` can do ahead of the first call. Indices are 64-bit past 2**31
+arguments: per dtype and block size four kernels are compiled (block keys and one
+per stage), which ``warmup`` can do ahead of the first call. Indices are 64-bit past 2**31
 elements (a separate compilation, only for such sizes).
 
 NaN cannot be ranked: ``topk_indices`` reads the flag once at the end (one host
@@ -48,6 +50,7 @@ from gradsift.select.triton.keys import (
     NAN_KEY,
     TILE,
     block_keys_kernel,
+    source_mode,
 )
 from gradsift.select.triton.replay import Replay
 from gradsift.select.triton.stages import MAX_PROGRAMS, STAGE0_PASSES, stage_kernel
@@ -131,7 +134,7 @@ class Selection:
         nothing but this object's buffers. ``x`` and the states: flat, contiguous, one
         dtype."""
         self.prepare(x, k, out)
-        mode = 0 if residual is None else 2 if velocity is not None else 1
+        mode = source_mode(residual, velocity)
         src = (x, residual, velocity, float(momentum))
         self.small.zero_()
         consts = dict(MODE=mode, BITS=self.bits, BLOCK=self.block, WIDE=self.wide)
@@ -200,9 +203,11 @@ def topk_mask(x: torch.Tensor, k: int, absolute: bool) -> torch.Tensor:
 
 def warmup(device="cuda", dtypes=(torch.float16, torch.bfloat16, torch.float32)) -> None:
     """Compile the selection kernels for ``dtypes`` on ``device`` ahead of the first
-    real call (each dtype: block keys, stage 0 and stage 1, both block sizes), so that
-    a training loop's first step does not stall on compilation."""
+    real call (each dtype: block keys and the three stages, for both block sizes), so
+    that a training loop's first step does not stall on compilation."""
+    n = 8 * TILE
     for dtype in dtypes:
-        x = torch.randn(8 * TILE, device=device).to(dtype)
-        for k in (1, 2000):  # 32-element blocks, then 8-element ones
+        x = torch.randn(n, device=device).to(dtype)
+        # k = 1: 32-element blocks; 4k in (N / 32, N / 8]: 8-element blocks
+        for k in (1, n // 64):
             topk_indices(x, k, True)
