@@ -28,6 +28,7 @@ from torch.nn.utils import prune
 from gradsift.budget import kept_count
 from gradsift.checks import check_float, check_int, has_nan
 from gradsift.pruning.allocation import check_allocation, layer_counts
+from gradsift.pruning.flat import shared_flat
 from gradsift.pruning.params import mask_of, original, owners, prunable
 from gradsift.pruning.shared import refresh_readers_
 from gradsift.select import topk_indices, topk_mask
@@ -70,8 +71,11 @@ def masks_from_scores(
 
     Memory: the scores are copied once into one flat buffer of their common dtype
     (at least float32, so float32 and float64 scores rank exactly as given), in the
-    scores' device; the selection adds one byte per weight (a boolean mask) and
-    never sorts. A weight pruned by ``previous`` holds the dtype's lowest finite
+    scores' device, unless they already tile one float32/float64 buffer
+    (``gradsift.pruning.flat``, as the built-in criteria write them): then they are
+    ranked where they lie, untouched (with ``previous`` or ``min_per_layer`` that
+    needs a copy, the keys differ from the scores). The selection adds one byte
+    per weight (a boolean mask) and never sorts. A weight pruned by ``previous`` holds the dtype's lowest finite
     value, every live score is clamped just above it (a live ``-inf`` ties with the
     lowest finite scores), so no infinite key reaches the selection.
     """
@@ -106,7 +110,9 @@ def select(
     for n in names:
         if has_nan(scores[n]):
             raise ValueError(f"scores[{n!r}] contains NaN; cannot rank it")
-    flat = _buffer(workspace, scores, names)
+    flat = _in_place(scores, names, consume, previous is None and not min_per_layer)
+    if flat is None:
+        flat = _buffer(workspace, scores, names)
     alive, offset = {}, 0
     for n in names:
         part = flat[offset : offset + scores[n].numel()]
@@ -141,6 +147,18 @@ def _key_dtype(scores: dict) -> torch.dtype:
     return dtype if dtype.is_floating_point else torch.float64
 
 
+def _in_place(scores: dict, names: list, owned: bool, untouched: bool) -> torch.Tensor | None:
+    """The one float32/float64 buffer the scores tile (``gradsift.pruning.flat``), when
+    it may be ranked where it lies: the caller gave it away (``owned``), or the keys
+    would equal the scores (no dead or reserved weight and none below the live floor)."""
+    flat = shared_flat(scores[n] for n in names)
+    if flat is None or flat.dtype not in (torch.float32, torch.float64):
+        return None
+    if owned or (untouched and bool(flat.min() >= _live_floor(flat.dtype))):
+        return flat
+    return None
+
+
 def _buffer(workspace: dict | None, scores: dict, names: list) -> torch.Tensor:
     n = sum(scores[name].numel() for name in names)
     dtype, device = _key_dtype(scores), scores[names[0]].device
@@ -165,13 +183,15 @@ def _live_floor(dtype: torch.dtype) -> float:
 
 def _fill_keys_(part: torch.Tensor, score: torch.Tensor, previous) -> int:
     """Write ``score``'s keys into ``part``; return how many weights are alive."""
-    part.copy_(score.detach().reshape(-1))
+    if part.data_ptr() != score.data_ptr():  # scores ranked in place need no copy
+        part.copy_(score.detach().reshape(-1))
     part.clamp_(min=_live_floor(part.dtype))
     if previous is None:
         return part.numel()
-    dead = previous.detach().reshape(-1).to(part.device) == 0
-    part.masked_fill_(dead, _dead_key(part.dtype))
-    return part.numel() - int(torch.count_nonzero(dead))
+    alive = previous.detach().reshape(-1).to(part.device)
+    alive = alive if alive.dtype == torch.bool else alive != 0
+    torch.where(alive, part, part.new_tensor(_dead_key(part.dtype)), out=part)  # no key-sized temporary
+    return int(torch.count_nonzero(alive))
 
 
 def _keep_top(keys: torch.Tensor, keep: int) -> torch.Tensor:
@@ -220,17 +240,23 @@ def apply_masks_(
 def _install(module: nn.Module, attr: str, mask: torch.Tensor, replace: bool) -> None:
     existing = mask_of(module, attr)
     if existing is None:
-        prune.custom_from_mask(module, attr, mask.to(getattr(module, attr).device))
-    else:
-        with torch.no_grad():
-            if replace:
-                existing.copy_(mask)
-            else:
-                existing.mul_(mask.to(existing))
-    # recompute ``weight = weight_orig * weight_mask`` without autograd history, so
-    # that the model deep-copies and pickles (the pre-hook redoes it every forward)
+        # ``prune.identity`` then the mask copied into its buffer: what
+        # ``custom_from_mask`` installs, without its two weight-sized temporaries
+        prune.identity(module, attr)
+        replace, existing = True, mask_of(module, attr)
     with torch.no_grad():
-        setattr(module, attr, getattr(module, attr + "_orig") * mask_of(module, attr))
+        mask = mask.to(existing.device)
+        if replace:
+            existing.copy_(mask)
+        elif mask.dtype == torch.bool:
+            torch.where(mask, existing, existing.new_zeros(()), out=existing)
+        else:
+            existing.mul_(mask.to(existing))
+        # recompute ``weight = weight_orig * weight_mask`` without autograd history, so
+        # that the model deep-copies and pickles (the pre-hook redoes it every forward);
+        # the old one goes first, so the two never coexist
+        delattr(module, attr)
+        setattr(module, attr, getattr(module, attr + "_orig") * existing)
 
 
 def shuffle_masks(

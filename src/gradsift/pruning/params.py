@@ -187,14 +187,22 @@ def param_path(model: nn.Module, module: nn.Module, attr: str) -> str:
     raise ValueError(f"{type(module).__name__}.{attr} is not a parameter of the model")
 
 
-def deepcopy_model(model: nn.Module) -> nn.Module:
+def deepcopy_model(model: nn.Module, *, share_parameters: bool = False) -> nn.Module:
     """``copy.deepcopy`` that also works on models pruned by ``torch.nn.utils.prune``.
 
     Pruning leaves ``module.weight = weight_orig * weight_mask`` as a non-leaf tensor
     after a forward pass, which ``deepcopy`` refuses. Those attributes are recomputed
     by the pruning pre-hook at every forward, so they are swapped for detached values
     during the copy and put back afterwards.
+
+    ``share_parameters=True``: the copy's parameters are new ``nn.Parameter`` objects
+    (their own ``requires_grad`` and ``.grad``) over the caller's storage, for a
+    reader that never writes them: no second copy of the weights. Buffers are copied.
     """
+    memo: dict = {}
+    if share_parameters:
+        for p in model.parameters():
+            memo[id(p)] = nn.Parameter(p.detach(), requires_grad=p.requires_grad)
     swapped = []
     for module in model.modules():
         for attr, value in list(vars(module).items()):
@@ -202,16 +210,18 @@ def deepcopy_model(model: nn.Module) -> nn.Module:
                 swapped.append((module, attr, value))
                 setattr(module, attr, value.detach())
     try:
-        return copy.deepcopy(model)
+        return copy.deepcopy(model, memo)
     finally:
         for module, attr, value in swapped:
             setattr(module, attr, value)
 
 
-def private_copy(model: nn.Module, params: Selector = None):
+def private_copy(model: nn.Module, params: Selector = None, *, share_weights: bool = False):
     """A deep copy to score on (no grads, nothing requiring grad) and its targets
-    ``{name: (module, attr)}``; scoring it leaves the caller's model untouched."""
-    work = deepcopy_model(model)
+    ``{name: (module, attr)}``; scoring it leaves the caller's model untouched.
+    ``share_weights``: parameters over the caller's storage (``deepcopy_model``), for
+    a criterion that never writes them."""
+    work = deepcopy_model(model, share_parameters=share_weights)
     refresh_readers_(work)  # a model pruned by torch alone: MultiheadAttention's out_proj
     for p in work.parameters():
         p.requires_grad_(False)

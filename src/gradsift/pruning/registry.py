@@ -53,6 +53,10 @@ class Method:
     does); ``prune_at_init`` passes it the target. ``reads_only``: the criterion
     neither changes the model nor its flags (magnitude, random), so ``score`` hands it
     the caller's model instead of a deep copy (one copy of the parameters saved).
+    ``writes_weights``: the criterion may write the weights of the copy it is given
+    (SynFlow linearises them); False (SNIP: it only differentiates) lets the copy's
+    parameters share the caller's storage (``private_copy(share_weights=True)``).
+    Registered criteria default to True, the safe side.
     """
 
     name: str
@@ -61,6 +65,7 @@ class Method:
     rescorer: Callable | None = None
     paper_iterations: int = 1
     reads_only: bool = False
+    writes_weights: bool = True
 
     @property
     def takes_sparsity(self) -> bool:
@@ -83,6 +88,7 @@ def register_method(
     rescorer: Callable | None = None,
     paper_iterations: int = 1,
     reads_only: bool = False,
+    writes_weights: bool = True,
     replace: bool = False,
 ) -> Method:
     """Register ``fn`` as criterion ``name`` (see the module docstring for its
@@ -93,7 +99,9 @@ def register_method(
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
     if name in _METHODS and not replace:
         raise ValueError(f"method {name!r} is already registered (pass replace=True)")
-    method = Method(name, fn, dict(defaults or {}), rescorer, paper_iterations, reads_only)
+    method = Method(
+        name, fn, dict(defaults or {}), rescorer, paper_iterations, reads_only, writes_weights
+    )
     unknown = sorted(set(method.defaults) - set(method.options()))
     if unknown:
         raise ValueError(f"defaults {unknown} are not keyword-only options of {name!r}")
@@ -196,7 +204,7 @@ def run_criterion(
             with torch.no_grad():
                 scores = entry.fn(model, targets, data, **options)
         else:
-            work, targets = private_copy(model, params)
+            work, targets = private_copy(model, params, share_weights=not entry.writes_weights)
             scores = entry.fn(work, targets, data, **options)
     _check_scores(method, scores, targets)
     return {name: scores[name].detach() for name in targets}

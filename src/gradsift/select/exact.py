@@ -70,7 +70,7 @@ def top_mask(key: torch.Tensor, k: int) -> torch.Tensor:
     if int(torch.count_nonzero(at_least)) == k:  # no surplus ties at v: the usual case
         return at_least
     # surplus ties at v: keep the lowest-index ones, read only as far as needed
-    chosen = key > v
+    chosen = torch.gt(key, v, out=at_least)  # reuses the mask: no second one
     need = k - int(torch.count_nonzero(chosen))
     chosen[equal_positions(key, v, need)] = True
     return chosen

@@ -19,8 +19,9 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 
 from gradsift.checks import check_choice
+from gradsift.pruning.gradients import accumulate_, grad_buffers, release_
 from gradsift.pruning.inputs import forward, num_samples
-from gradsift.pruning.params import device_of, effective, leaves
+from gradsift.pruning.params import device_of, mask_of
 from gradsift.pruning.registry import register_method
 from gradsift.pruning.sampling import BATCH_WEIGHTINGS, batch_weight, batches, need_data
 
@@ -51,22 +52,24 @@ def snip(
     need_data(data, "snip")
     check_choice("batch_weighting", batch_weighting, BATCH_WEIGHTINGS)
     model.train()
-    ws = leaves(targets)
-    grads, first, total = None, None, 0.0
+    ws = grad_buffers(targets)  # gradients accumulate in one flat buffer
+    first, total = None, 0.0
     for x, y in batches(data, device_of(model), num_batches, split_batch):
-        g = torch.autograd.grad(loss_fn(forward(model, x), y), ws)
         # weights relative to the first batch's: equal batches add up unscaled
         first = first or batch_weight(num_samples(y), batch_weighting)
         w = batch_weight(num_samples(y), batch_weighting) / first
-        grads = list(g) if grads is None else [a.add_(b, alpha=w) for a, b in zip(grads, g)]
+        accumulate_(loss_fn(forward(model, x), y), ws, w)
         total += w
-    if grads is None:
+    if first is None:
         raise ValueError("data yielded no batches")
-    with torch.no_grad():  # in place in the gradients: no other copy of the weights
-        return {
-            name: g.div_(total).mul_(effective(m, a)).abs_()
-            for (name, (m, a)), g in zip(targets.items(), grads)
-        }
+    grads = [w.grad for w in ws]
+    release_(ws)
+    with torch.no_grad():  # scores written over the gradients: no other copy
+        for g, w, (m, a) in zip(grads, ws, targets.values()):
+            g.div_(total).mul_(w).abs_()
+            if mask_of(m, a) is not None:
+                g.mul_(mask_of(m, a))
+    return dict(zip(targets, grads))
 
 
-register_method("snip", snip)
+register_method("snip", snip, writes_weights=False)
