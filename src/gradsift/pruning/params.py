@@ -197,12 +197,20 @@ def deepcopy_model(model: nn.Module, *, share_parameters: bool = False) -> nn.Mo
 
     ``share_parameters=True``: the copy's parameters are new ``nn.Parameter`` objects
     (their own ``requires_grad`` and ``.grad``) over the caller's storage, for a
-    reader that never writes them: no second copy of the weights. Buffers are copied.
+    reader that never writes them: no second copy of the weights. So are the
+    pruning masks (``*_mask`` buffers) and masked weights; other buffers (BatchNorm's
+    statistics) are copied.
     """
     memo: dict = {}
     if share_parameters:
         for p in model.parameters():
             memo[id(p)] = nn.Parameter(p.detach(), requires_grad=p.requires_grad)
+        for module in model.modules():
+            shared = [b for n, b in module._buffers.items() if n.endswith("_mask")]
+            shared += [v for v in vars(module).values() if isinstance(v, torch.Tensor)]
+            for t in shared:
+                if t is not None:
+                    memo[id(t)] = t.detach()
     swapped = []
     for module in model.modules():
         for attr, value in list(vars(module).items()):

@@ -41,4 +41,10 @@ def synflow_l2_rescorer(
     return linearised_rescorer(model, data, params=params, power=2, **options)
 
 
-register_method("synflow_l2", synflow_l2, rescorer=synflow_l2_rescorer, paper_iterations=100)
+register_method(
+    "synflow_l2",
+    synflow_l2,
+    rescorer=synflow_l2_rescorer,
+    paper_iterations=100,
+    writes_weights=False,
+)

@@ -1,0 +1,157 @@
+"""SynFlow's linearised network, its scored weights in one flat buffer that the scores
+overwrite.
+
+``Linearised(work, targets, dtype, power, method)`` turns a private copy of the model
+(``private_copy(..., share_weights=True)``: its parameters lie over the caller's
+storage, which is only ever read) into the linearised network of SynFlow (Tanaka et
+al. 2020, arXiv:2006.05467) or SynFlow-L2 (``power=2``, Gebhart et al. 2021,
+arXiv:2101.10552): every scored weight becomes a private parameter ``φ = |θ|^power``
+(times its installed mask) in one flat buffer of ``dtype``; every other parameter a
+private ``|p|^power``, biases zero; BatchNorm in eval mode with its mean zeroed (and,
+for ``power=2``, its eval scale squared).
+
+``scores()`` runs one forward on ones and one backward; as each weight's gradient
+``g = ∂R/∂φ`` arrives, a hook writes the score ``|θ| ⊙ g`` (``|θ| = φ^(1/power)``)
+over ``φ`` itself and drops ``g``, so at most one weight's gradient is alive and the
+scores come back as views of the flat buffer, which the selection ranks where they
+lie. ``refill_(masks)`` rebuilds ``φ`` from the caller's weights for the next round:
+so one round holds the flat buffer, one gradient and the masks, and nothing else of
+the weights' size.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import nn
+from torch.nn.utils import prune
+
+from gradsift.pruning.flat import flat_views
+from gradsift.pruning.inputs import refuse_token_ids
+from gradsift.pruning.params import mask_of, original, owners
+
+__all__ = ["Linearised"]
+
+_BIASES = ("bias", "bias_orig")
+
+
+class Linearised:
+    """The linearised network over a private copy (see the module docstring)."""
+
+    def __init__(self, work: nn.Module, targets: dict, dtype, power: int, method: str):
+        self.work, self.names, self.power, self.method = work, list(targets), power, method
+        self.dtype = dtype
+        pairs = list(targets.values())
+        self.sources = [original(m, a) for m, a in pairs]  # the caller's: read only
+        self.installed = [mask_of(m, a) for m, a in pairs]
+        self.zero = [a in _BIASES for _, a in pairs]
+        device = self.sources[0].device if self.sources else torch.device("cpu")
+        views = flat_views([s.shape for s in self.sources], dtype, device)
+        self.phis = [nn.Parameter(v, requires_grad=False) for v in views]
+        holders = owners(work)
+        for (module, attr), phi in zip(pairs, self.phis):
+            for m, a in holders[id(original(module, attr))]:  # every holder of a tie
+                _unprune_(m, a, phi)
+        _private_rest_(work, {id(p) for p in self.phis}, dtype, power)
+        refuse_token_ids(work, method)
+        self.refill_(None)
+
+    @torch.no_grad()
+    def refill_(self, masks: dict | None) -> None:
+        """``φ = |θ|^power`` of the caller's weights, zero where ``masks`` (else the
+        installed masks) prune."""
+        for name, phi, src, installed, zero in zip(
+            self.names, self.phis, self.sources, self.installed, self.zero
+        ):
+            if zero:
+                phi.zero_()
+                continue
+            phi.copy_(src.detach()).abs_()
+            if self.power == 2:
+                phi.square_()
+            keep = installed if masks is None else masks[name]
+            if keep is not None:
+                keep = keep.detach().to(phi.device)
+                keep = keep if keep.dtype == torch.bool else keep != 0
+                torch.where(keep, phi, phi.new_zeros(()), out=phi)
+
+    def scores(self, input_shape) -> dict[str, torch.Tensor]:
+        """``|θ| ⊙ ∂R/∂φ`` written over ``φ``; ``R`` the output sum on ones."""
+        reached = [False] * len(self.phis)
+        handles = []
+        for i, phi in enumerate(self.phis):
+            phi.requires_grad_(True)
+            hook = functools.partial(self._score_, i, reached)
+            handles.append(phi.register_post_accumulate_grad_hook(hook))
+        ones = torch.ones((1, *input_shape), dtype=self.dtype, device=self._device())
+        try:
+            self.work(ones).sum().backward()
+        finally:
+            for h in handles:
+                h.remove()
+            for phi in self.phis:
+                phi.requires_grad_(False)
+                phi.grad = None
+        missed = [n for n, seen in zip(self.names, reached) if not seen]
+        if missed:
+            raise ValueError(
+                f"{self.method}: {missed} do not reach the output (no gradient flows to "
+                "them), so they have no synaptic flow to score; leave them out with params="
+            )
+        return dict(zip(self.names, self.phis))
+
+    def _score_(self, i: int, reached: list, phi: torch.Tensor) -> None:
+        with torch.no_grad():
+            g, phi.grad = phi.grad, None
+            if self.power == 2:
+                phi.sqrt_()
+            phi.mul_(g)
+        reached[i] = True
+
+    def _device(self) -> torch.device:
+        p = next(self.work.parameters(), None)
+        return p.device if p is not None else torch.device("cpu")
+
+
+def _unprune_(module: nn.Module, attr: str, param: nn.Parameter) -> None:
+    """``module.attr = param``, dropping ``torch.nn.utils.prune``'s reparametrisation
+    of ``attr`` (its mask is in ``param``: no masked copy made at every forward)."""
+    for key, hook in list(module._forward_pre_hooks.items()):
+        if isinstance(hook, prune.BasePruningMethod) and hook._tensor_name == attr:
+            del module._forward_pre_hooks[key]
+    module._parameters.pop(attr + "_orig", None)
+    module._buffers.pop(attr + "_mask", None)
+    module.__dict__.pop(attr, None)
+    setattr(module, attr, param)
+
+
+def _private_rest_(work: nn.Module, done: set[int], dtype, power: int) -> None:
+    """Every other parameter replaced by a private ``|p|^power`` (biases: zeros) of
+    ``dtype``; buffers in ``dtype``; BatchNorm's eval map linearised; eval mode."""
+    made: dict[int, nn.Parameter] = {}
+    for module in work.modules():
+        for attr, p in list(module._parameters.items()):
+            if p is None or id(p) in done:
+                continue
+            if id(p) not in made:
+                with torch.no_grad():
+                    value = p.detach().to(dtype)
+                    value = torch.zeros_like(value) if attr in _BIASES else value.abs() ** power
+                made[id(p)] = nn.Parameter(value, requires_grad=False)
+            module._parameters[attr] = made[id(p)]
+        for key, buf in list(module._buffers.items()):
+            if buf is not None and buf.is_floating_point():
+                module._buffers[key] = buf.to(dtype)
+        _linearise_norm_(module, power)
+    work.eval()
+
+
+def _linearise_norm_(module: nn.Module, power: int) -> None:
+    """BatchNorm in eval mode as a linear map: mean zeroed, and for ``power=2`` its
+    scale ``γ/√(var+ε)`` squared (``var+ε`` squared)."""
+    if isinstance(module, nn.modules.batchnorm._NormBase) and module.running_mean is not None:
+        with torch.no_grad():
+            module.running_mean.zero_()
+            if power == 2:
+                module.running_var.add_(module.eps).square_().sub_(module.eps)
