@@ -75,9 +75,10 @@ def masks_from_scores(
     (``gradsift.pruning.flat``, as the built-in criteria write them): then they are
     ranked where they lie, untouched (with ``previous`` or ``min_per_layer`` that
     needs a copy, the keys differ from the scores). The selection adds one byte
-    per weight (a boolean mask) and never sorts. A weight pruned by ``previous`` holds the dtype's lowest finite
-    value, every live score is clamped just above it (a live ``-inf`` ties with the
-    lowest finite scores), so no infinite key reaches the selection.
+    per weight (a boolean mask) and never sorts. A weight pruned by ``previous``
+    holds the dtype's lowest finite value, every live score is clamped just above it
+    (a live ``-inf`` ties with the lowest finite scores), so no infinite key reaches
+    the selection.
     """
     masks = select(
         scores,
@@ -190,7 +191,8 @@ def _fill_keys_(part: torch.Tensor, score: torch.Tensor, previous) -> int:
         return part.numel()
     alive = previous.detach().reshape(-1).to(part.device)
     alive = alive if alive.dtype == torch.bool else alive != 0
-    torch.where(alive, part, part.new_tensor(_dead_key(part.dtype)), out=part)  # no key-sized temporary
+    dead = part.new_tensor(_dead_key(part.dtype))
+    torch.where(alive, part, dead, out=part)  # no key-sized temporary
     return int(torch.count_nonzero(alive))
 
 

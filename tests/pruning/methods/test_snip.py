@@ -101,3 +101,27 @@ def test_batches_that_are_not_pairs_say_what_is_supported(method):
 def test_grasp_needs_num_classes_when_the_output_is_not_a_tensor():
     with pytest.raises(ValueError, match="num_classes="):
         gradsift.score(DictModel(), "grasp", dict_data(), loss_fn=_logits_loss, split_batch=_split)
+
+
+class Dangling(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.used, self.unused = nn.Linear(4, 3), nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.used(x)
+
+
+def test_a_weight_the_loss_does_not_reach_scores_zero():
+    """Its gradient is zero, so ``|g ⊙ θ| = 0``; the others are autograd's, and the
+    caller's weights (which the scoring copy shares) are untouched."""
+    torch.manual_seed(0)
+    model = Dangling()
+    before = {n: p.clone() for n, p in model.named_parameters()}
+    x, y = torch.randn(5, 4), torch.tensor([0, 1, 2, 0, 1])
+    got = gradsift.score(model, "snip", [(x, y)], params=["used.weight", "unused.weight"])
+    g = torch.autograd.grad(nn.functional.cross_entropy(model(x), y), model.used.weight)[0]
+    torch.testing.assert_close(got["used.weight"], (g * model.used.weight).abs(), rtol=0, atol=0)
+    assert torch.equal(got["unused.weight"], torch.zeros(3, 4))
+    for n, p in model.named_parameters():
+        assert torch.equal(p, before[n]) and p.grad is None and p.requires_grad

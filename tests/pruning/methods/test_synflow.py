@@ -84,3 +84,60 @@ def test_synflow_needs_a_tensor_input_to_read_the_shape():
     split = lambda b: ({k: v for k, v in b.items() if k != "labels"}, b["labels"])  # noqa: E731
     with pytest.raises(ValueError, match="pass input_shape="):
         gradsift.score(mlp(), "synflow", dict_data(), split_batch=split)
+
+
+def autograd_reference(model, input_shape, power):
+    """The paper's definition, step by step in float64 with autograd: a deep copy,
+    weights |θ|^power, biases zero, eval mode; ``|θ| ⊙ ∂R/∂φ`` at ``φ = |θ|^power``."""
+    import copy
+
+    work = copy.deepcopy(model).double().eval()
+    with torch.no_grad():
+        for name, p in work.named_parameters():
+            p.copy_(torch.zeros_like(p) if name.endswith("bias") else p.abs() ** power)
+    ws = {n: p for n, p in work.named_parameters() if n.endswith("weight")}
+    ones = torch.ones((1, *input_shape), dtype=torch.float64)
+    grads = torch.autograd.grad(work(ones).sum(), list(ws.values()))
+    return {n: g * (w if power == 1 else w.sqrt()) for (n, w), g in zip(ws.items(), grads)}
+
+
+class Sequence(nn.Module):
+    """Linear layers applied to every position of a (1, T, d) input: more than one row."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(6, 7), nn.Linear(7, 3)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+@pytest.mark.parametrize("method, power", [("synflow", 1), ("synflow_l2", 2)])
+@pytest.mark.parametrize("case", ["mlp", "sequence"])
+def test_scores_equal_autograd_bit_for_bit(method, power, case):
+    """The linear layers score themselves in backward (an outer product a block of rows
+    at a time, or one matrix product for several rows): the same roundings as autograd."""
+    torch.manual_seed(1)
+    model, shape = (mlp(), (12,)) if case == "mlp" else (Sequence(), (5, 6))
+    before = {n: p.clone() for n, p in model.state_dict().items()}
+    scores = gradsift.score(model, method, input_shape=shape)
+    expected = autograd_reference(model, shape, power)
+    for n in expected:
+        torch.testing.assert_close(scores[n], expected[n], rtol=0, atol=0, msg=n)
+    for n, p in model.state_dict().items():  # the caller's weights were only read
+        torch.testing.assert_close(p, before[n], rtol=0, atol=0)
+
+
+class Dangling(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.used, self.unused = nn.Linear(4, 2), nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.used(x)
+
+
+@pytest.mark.parametrize("method", ["synflow", "synflow_l2"])
+def test_a_weight_that_does_not_reach_the_output_is_a_clear_error(method):
+    with pytest.raises(ValueError, match=r"'unused.weight'\] do not reach the output"):
+        gradsift.score(Dangling(), method, input_shape=(4,))

@@ -29,6 +29,7 @@ from torch.nn.utils import prune
 
 from gradsift.pruning.flat import flat_views
 from gradsift.pruning.inputs import refuse_token_ids
+from gradsift.pruning.methods._linear_flow import scoring_forward
 from gradsift.pruning.params import mask_of, original, owners
 
 __all__ = ["Linearised"]
@@ -50,9 +51,14 @@ class Linearised:
         views = flat_views([s.shape for s in self.sources], dtype, device)
         self.phis = [nn.Parameter(v, requires_grad=False) for v in views]
         holders = owners(work)
-        for (module, attr), phi in zip(pairs, self.phis):
-            for m, a in holders[id(original(module, attr))]:  # every holder of a tie
+        self.reached = [False] * len(self.phis)
+        for i, ((module, attr), phi) in enumerate(zip(pairs, self.phis)):
+            held = holders[id(original(module, attr))]
+            for m, a in held:  # every holder of a tie
                 _unprune_(m, a, phi)
+            if type(module) is nn.Linear and attr == "weight" and len(held) == 1:
+                done = functools.partial(self._reach, i)  # scores itself in backward
+                module.forward = scoring_forward(module, power, done)
         _private_rest_(work, {id(p) for p in self.phis}, dtype, power)
         refuse_token_ids(work, method)
         self.refill_(None)
@@ -78,11 +84,11 @@ class Linearised:
 
     def scores(self, input_shape) -> dict[str, torch.Tensor]:
         """``|θ| ⊙ ∂R/∂φ`` written over ``φ``; ``R`` the output sum on ones."""
-        reached = [False] * len(self.phis)
+        self.reached = [False] * len(self.phis)
         handles = []
         for i, phi in enumerate(self.phis):
             phi.requires_grad_(True)
-            hook = functools.partial(self._score_, i, reached)
+            hook = functools.partial(self._score_, i)
             handles.append(phi.register_post_accumulate_grad_hook(hook))
         ones = torch.ones((1, *input_shape), dtype=self.dtype, device=self._device())
         try:
@@ -93,7 +99,7 @@ class Linearised:
             for phi in self.phis:
                 phi.requires_grad_(False)
                 phi.grad = None
-        missed = [n for n, seen in zip(self.names, reached) if not seen]
+        missed = [n for n, seen in zip(self.names, self.reached) if not seen]
         if missed:
             raise ValueError(
                 f"{self.method}: {missed} do not reach the output (no gradient flows to "
@@ -101,13 +107,20 @@ class Linearised:
             )
         return dict(zip(self.names, self.phis))
 
-    def _score_(self, i: int, reached: list, phi: torch.Tensor) -> None:
+    def _score_(self, i: int, phi: torch.Tensor) -> None:
+        g, phi.grad = phi.grad, None
+        if g is None:  # a ScoringLinear scored it in its backward
+            return
         with torch.no_grad():
-            g, phi.grad = phi.grad, None
             if self.power == 2:
                 phi.sqrt_()
             phi.mul_(g)
-        reached[i] = True
+        self._reach(i)
+
+    def _reach(self, i: int) -> None:
+        if self.reached[i]:  # a score written twice would be a product of two
+            raise RuntimeError(f"{self.method}: {self.names[i]} was scored twice")
+        self.reached[i] = True
 
     def _device(self) -> torch.device:
         p = next(self.work.parameters(), None)
