@@ -67,7 +67,8 @@ def prune_at_init(
             (default) ranks all layers together; ``"uniform"``, ``"er"``, ``"erk"``,
             ``"uniform+dense-first"`` or a callable fix each layer's exact count and
             rank within it (``gradsift.pruning.allocation``).
-        scope: the older name: ``"layer"`` is ``allocation="uniform"``.
+        scope: deprecated older name of ``allocation`` (a ``DeprecationWarning``):
+            ``"global"`` is ``"global"``, ``"layer"`` is ``"uniform"``.
         iterations: rounds of score-then-prune (SynFlow uses 100). A method with its own
             schedule (``get_method(m).takes_sparsity``) runs it within each round.
         schedule: ``"exponential"`` (density ``ρ^(i/n)``) or ``"linear"``.
@@ -94,7 +95,7 @@ def prune_at_init(
     ``weight`` beside ``weight_orig``) is twice the selected weights' bytes.
     """
     check_sparsity(sparsity)
-    allocation = check_allocation(allocation, scope, budget=budget)
+    allocation = check_allocation(allocation, scope=scope, budget=budget)
     sanity = check_sanity(sanity, shuffle)
     targets = round_sparsities(sparsity, iterations, schedule)
     if sparsity == 0:

@@ -59,7 +59,9 @@ def masks_from_scores(
         allocation: ``"global"`` (default: one ranking over all layers), ``"uniform"``,
             ``"er"``, ``"erk"``, ``"uniform+dense-first"`` or a callable: fixed
             per-layer counts, ranked within each layer (``gradsift.pruning.allocation``).
-        scope: the older name: ``"global"``, or ``"layer"`` for ``allocation="uniform"``.
+        scope: deprecated older name of ``allocation`` (a ``DeprecationWarning``):
+            ``"global"`` is ``"global"``, ``"layer"`` is ``"uniform"``. (Not ``TopK``'s
+            ``scope=``, which says where a top-k's size applies.)
         previous: masks already installed; their zeros stay zero (the count removed
             is then at least what they removed).
         min_per_layer: keep at least this many weights in every layer (the best
@@ -78,7 +80,7 @@ def masks_from_scores(
     masks = select(
         scores,
         sparsity,
-        allocation=check_allocation(allocation, scope, budget=budget),
+        allocation=check_allocation(allocation, scope=scope, budget=budget),
         previous=previous,
         min_per_layer=min_per_layer,
         workspace=workspace,
