@@ -1,11 +1,12 @@
 """Global pruning masks for sharded models (FSDP2, ``DTensor`` scores).
 
-``sharded_masks_from_scores`` is ``masks_from_scores`` with ``budget="global"`` for
-scores that are ``DTensor`` shards (``Shard(0)``, or ``Replicate``): the kept count
-``N - round(sparsity * N)`` over the global ``N``, the scores ranked in float64 as
-there, and the top ones chosen across the mesh by ``gradsift.select.sharded`` in the
-global order of the unsharded model (names in order, each tensor row-major), so the
-masks equal the single-process ones, ties included. No score is gathered.
+``sharded_masks_from_scores`` is ``masks_from_scores`` with ``allocation="global"``
+for scores that are ``DTensor`` shards (``Shard(0)``, or ``Replicate``): the kept
+count ``gradsift.budget.kept_count`` (``N - round(sparsity * N)``) over the global
+``N``, the scores ranked in float64 as there, and the top ones chosen across the mesh
+by ``gradsift.select.sharded`` in the global order of the unsharded model (names in
+order, each tensor row-major), so the masks equal the single-process ones, ties
+included. No score is gathered.
 
 Scores on shards: magnitude is ``|w|`` of each rank's shard, computed locally. Masks
 come back as ``DTensor`` s like the scores (float 0/1); install them on the sharded
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from gradsift.budget import kept_count
 from gradsift.checks import check_float
 from gradsift.optim.sharded import dtensor_layout
 from gradsift.select.sharded import sharded_topk_mask
@@ -39,7 +41,7 @@ def sharded_masks_from_scores(scores: dict, sparsity: float) -> dict:
     if any(rep for _, _, rep in layout):
         raise ValueError("replicated scores are not supported here: shard them with Shard(0)")
     n = sum(scores[name].numel() for name in names)
-    keep = n - round(sparsity * n)
+    keep = kept_count(n, sparsity)
     flat = torch.cat([scores[name].to_local().reshape(-1).to(torch.float64) for name in names])
     segments = [(start, count) for start, count, _ in layout]
     mask = sharded_topk_mask(flat, keep, segments=segments, absolute=False, group=group)
