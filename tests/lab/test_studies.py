@@ -55,7 +55,7 @@ def test_quick_study(study, tmp_path, capsys):
         assert {r["dataset"] for r in runs} == {"mnist5k"}
         assert {r["model"] for r in runs} == {"lenet300_100", "lenet5_caffe"}
         pruned = [r for r in runs if r["method"] != "unpruned"]
-        assert {(r["budget"], r["sanity"]) for r in pruned if r["model"] == "lenet300_100"} == {
+        assert {(r["allocation"], r["sanity"]) for r in pruned if r["model"] == "lenet300_100"} == {
             ("global", None),
             ("erk", None),
             ("global", "reinit"),

@@ -47,7 +47,7 @@ def _spec(args: argparse.Namespace, **overrides):
         seed=args.seed,
         train=cfg,
         data_root=args.data_root,
-        budget=getattr(args, "allocation", "global"),  # a sweep names them in overrides
+        allocation=getattr(args, "allocation", "global"),  # a sweep names them in overrides
         sanity=getattr(args, "sanity", None),
     )
     fields.update(overrides)
@@ -168,22 +168,22 @@ def sweep(args: argparse.Namespace) -> int:
     # ``--shuffle`` and ``--sanity shuffle-layer`` are one run: run_sweep skips the twin
     variants = [None] + (["shuffle-layer"] if args.shuffle else []) + args.sanity
     specs = [
-        _spec(args, method=m, sparsity=s, seed=seed, budget=b, sanity=v)
+        _spec(args, method=m, sparsity=s, seed=seed, allocation=a, sanity=v)
         for m in methods
         for s in args.sparsities
         for seed in args.seeds
-        for b in args.allocations
+        for a in args.allocations
         for v in variants
     ]
     out = Path(args.out)
     path = out / "results.json"
 
     def report(r):
-        budget = "" if r["budget"] == "global" else f" allocation {r['budget']}"
+        allocation = "" if r["allocation"] == "global" else f" allocation {r['allocation']}"
         sanity = f" {r['sanity']}" if r["sanity"] else ""
         print(
             f"  {r['method']:>9} sparsity {r['sparsity']:.3f} seed {r['seed']}"
-            f"{budget}{sanity}: acc {r['test_accuracy']:.4f}"
+            f"{allocation}{sanity}: acc {r['test_accuracy']:.4f}"
         )
 
     runs = run_sweep(specs, path, on_result=report, jobs=args.jobs)

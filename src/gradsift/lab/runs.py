@@ -28,6 +28,7 @@ __all__ = [
     "run_one",
     "run_sweep",
     "load_results",
+    "upgraded",
     "diverged",
 ]
 
@@ -47,7 +48,7 @@ class RunSpec:
     seed: int = 0
     train: TrainConfig = field(default_factory=TrainConfig)
     data_root: str | None = None
-    budget: str = "global"  # the layer allocation, gradsift.pruning.ALLOCATIONS (stored name)
+    allocation: str = "global"  # the layer allocation, gradsift.pruning.ALLOCATIONS
     sanity: str | None = None  # a name of gradsift.pruning.SANITY
 
     @property
@@ -58,11 +59,13 @@ class RunSpec:
         return "shuffle-layer" if self.shuffle else self.sanity
 
     def key(self) -> str:
-        """Layer-wise shuffling keeps its old slot, and a budget or another variant
+        """Layer-wise shuffling keeps its old slot, and an allocation or another variant
         appears only when set, so the keys of older results still match."""
         t = self.train
         variant = self.variant
-        extra = (f"|budget={self.budget}" if self.budget != "global" else "") + (
+        # spelled "budget=", the allocation's name when these keys were first written:
+        # results files hold these keys, and a sweep skips the runs whose keys it finds
+        extra = (f"|budget={self.allocation}" if self.allocation != "global" else "") + (
             f"|sanity={variant}" if variant not in (None, "shuffle-layer") else ""
         )
         return (
@@ -99,7 +102,7 @@ class RunRecord:
     prune_seconds: float
     seconds: float
     compression_ratio: float = 1.0
-    budget: str = "global"
+    allocation: str = "global"  # "budget" in records written before the rename
     sanity: str | None = None
     diverged: bool = False  # a non-finite loss: test_accuracy is a broken network's
 
@@ -163,7 +166,7 @@ def run_one(
             spec.sparsity,
             iterations=spec.iterations,
             seed=spec.seed,
-            allocation=spec.budget,
+            allocation=spec.allocation,
             sanity=spec.variant,
         )
     prune_seconds = time.perf_counter() - start
@@ -198,7 +201,7 @@ def run_one(
         prune_seconds=prune_seconds,
         seconds=prune_seconds + result["seconds"],
         compression_ratio=setup.hook_state.compression_ratio if setup.hook_state else 1.0,
-        budget=spec.budget,
+        allocation=spec.allocation,
         sanity=spec.variant,
         diverged=diverged(result),
     ).to_dict()
@@ -213,14 +216,25 @@ def diverged(record: dict) -> bool:
     )
 
 
+def upgraded(record: dict) -> dict:
+    """``record`` in today's field names: a record written before the layer allocation
+    was called ``allocation`` holds it as ``"budget"``, and one written before either
+    existed ran under ``"global"`` (its ``key`` is left as written: ``RunSpec.key``
+    still spells it so)."""
+    allocation = record.pop("budget", "global")
+    record.setdefault("allocation", allocation)
+    return record
+
+
 def load_results(path) -> list[dict]:
-    """The runs of a results file (none when it does not exist)."""
+    """The runs of a results file (none when it does not exist), upgraded to today's
+    field names (``upgraded``)."""
     data = read_json(path, default={"runs": []})
     if not isinstance(data, dict) or not isinstance(data.get("runs", []), list):
         raise ValueError(
             f"{path} must hold a JSON object with a list of 'runs', got {type(data).__name__}"
         )
-    return data.get("runs", [])
+    return [upgraded(r) for r in data.get("runs", [])]
 
 
 def run_sweep(specs: list[RunSpec], path, *, progress: bool = False, on_result=None, jobs: int = 1):
