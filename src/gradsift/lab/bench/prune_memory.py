@@ -43,7 +43,7 @@ COLUMNS = columns(
 
 ANCHOR = "torch global_unstructured L1"
 CASES = (ANCHOR, "magnitude", "snip", "synflow", "random", "grasp")
-_ITERATIONS = {"synflow": 10}  # the issue's budget: 10 SynFlow rounds
+_ITERATIONS = {"synflow": 10}  # as the issue sets it: 10 SynFlow rounds
 
 
 def _model(width: int, depth: int, device: str) -> nn.Module:
