@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from gradsift.checks import check_float
-from gradsift.optim.sharded import dtensor_layout
+from gradsift.select.dtensor import dtensor_layout
 from gradsift.select.sharded import sharded_topk_mask
 
 __all__ = ["sharded_masks_from_scores"]
