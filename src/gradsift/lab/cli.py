@@ -74,6 +74,7 @@ def _command(sub, name: str, help: str) -> argparse.ArgumentParser:  # noqa: A00
     p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS)
     return p
 
+
 def _add_common(
     p: argparse.ArgumentParser, *, method_required: bool = False, sweep: bool = False
 ) -> None:
@@ -161,7 +162,16 @@ def _train_parsers(sub) -> None:
     _add_common(t)
     _add_training(t)
     t.add_argument(
-        "--nproc", type=_positive_int, default=1, help="data-parallel processes (gloo on CPU)"
+        "--nproc",
+        "--ranks",
+        type=_positive_int,
+        default=1,
+        help="data-parallel processes (gloo on CPU)",
+    )
+    t.add_argument(
+        "--fsdp",
+        action="store_true",
+        help="with --nproc N: shard the model with FSDP2 and train with TopK across the shards",
     )
     t.add_argument(
         "--comm",

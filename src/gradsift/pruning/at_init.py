@@ -103,7 +103,7 @@ def prune_at_init(
     """
     if is_sharded_model(model):  # FSDP2: no torch.nn.utils.prune (pruning.sharded)
         refused = dict(allocation=allocation, scope=scope, budget=budget, sanity=sanity)
-        refused.update(min_per_layer=min_per_layer, shuffle=shuffle, generator=generator)
+        refused.update(min_per_layer=min_per_layer, shuffle=shuffle)  # generator: for those
         kw = dict(iterations=iterations, schedule=schedule, params=params, refused=refused)
         return prune_shards(model, method, sparsity, data, **kw, **options)
     check_sparsity(sparsity)
