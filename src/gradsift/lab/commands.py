@@ -249,7 +249,7 @@ def bench(args: argparse.Namespace) -> int:
         columns = [Column(lambda r: r.get("bandwidth", "unshaped"), "link"), *columns]
     else:
         options = {"repeats": args.repeats}
-        if args.what == "select" and args.sizes:
+        if args.what in ("select", "sharded") and args.sizes:
             options["sizes"] = args.sizes
         if args.what == "prune-memory":
             options.update(device=args.device, width=args.width)
