@@ -33,7 +33,8 @@ def random_sharded(model, targets, data=None, *, seed: int = 0):
     out = {}
     for name, (m, a) in targets.items():
         p = original(m, a)
-        out[name] = local_rows(torch.rand(p.shape, generator=gen), p)
+        # drawn on the CPU (the generator's device); local_rows moves only the rows
+        out[name] = local_rows(torch.rand(p.shape, generator=gen, device="cpu"), p)
     return out
 
 
