@@ -56,6 +56,12 @@ def state(model):
         "buffers": [b.clone() for b in model.buffers()],
         "modes": [m.training for m in model.modules()],
         "flags": [p.requires_grad for p in model.parameters()],
+        "fsdp": [  # how FSDP reduces gradients (scoring sums them exactly for a while)
+            (g.gradient_divide_factor, g.force_sum_reduction_for_comms)
+            for m in model.modules()
+            if hasattr(m, "_get_fsdp_state")
+            for g in m._get_fsdp_state()._fsdp_param_groups
+        ],
     }
 
 

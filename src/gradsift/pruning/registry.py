@@ -161,7 +161,9 @@ def score(
     coverage warning, for ``prune_at_init``'s rounds, which warn once themselves.)
 
     Args:
-        model: any ``nn.Module``; it is not modified.
+        model: any ``nn.Module``; it is not modified. A sharded model (FSDP2,
+            ``DTensor`` parameters) is scored on its shards by the method's sharded
+            form and gets ``DTensor`` scores (``gradsift.pruning.sharded_scoring``).
         method: one of ``list_methods()``.
         data: an iterable of ``(inputs, targets)`` batches (a DataLoader; a one-pass
             generator is read once and replayed, ``gradsift.pruning.sampling``).
