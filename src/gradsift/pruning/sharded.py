@@ -27,7 +27,9 @@ sharded model): score on the shards (``gradsift.pruning.sharded_scoring``), sele
 globally, install; iterative rounds as single-process (``schedule``), each scoring the
 model with the masks so far multiplied in. Layer allocations other than global,
 ``min_per_layer``, sanity variants and methods without a sharded form raise
-``ValueError`` before any work.
+``ValueError`` before any work. A sharded model keeps no mask buffers, so a second
+``prune_at_init`` does not know the first one's masks (single-process pruning counts
+them toward the target): prune once, with ``iterations`` for several rounds.
 """
 
 from __future__ import annotations
