@@ -37,6 +37,7 @@ def _spec(args: argparse.Namespace, **overrides):
         seed=args.seed,
         device=args.device,
         comm=getattr(args, "comm", None),
+        fsdp=getattr(args, "fsdp", False),
     )
     fields = dict(
         model=args.model,
@@ -137,6 +138,8 @@ def train(args: argparse.Namespace) -> int:
     from gradsift.lab.runs import run_one
 
     ckpt = args.checkpoint
+    if args.fsdp:
+        _check_fsdp(args, launch.under_torchrun())
     if launch.under_torchrun():
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         record = launch.run_rank(_spec(args), rank=rank, world=world, checkpoint_dir=ckpt)
@@ -147,13 +150,25 @@ def train(args: argparse.Namespace) -> int:
     else:
         record = run_one(_spec(args), checkpoint_dir=ckpt, progress=True)
     print(render([record], RUN_COLUMNS))
-    if record["world_size"] > 1:
+    if record.get("sharded"):
+        print(f"sharded with FSDP2 on {record['world_size']} ranks, top-k across the shards")
+    elif record["world_size"] > 1:
         print(f"gradient traffic: {record['compression_ratio']:.1f}x less than allreduce")
     if args.out:
         path = Path(args.out) / "result.json"
         atomic_write_json(path, record)
         print(f"wrote {path}")
     return 0
+
+
+def _check_fsdp(args: argparse.Namespace, torchrun: bool) -> None:
+    """``--fsdp`` needs several ranks and neither a DDP communication nor a checkpoint."""
+    if args.nproc < 2 and not torchrun:
+        raise ValueError("--fsdp shards over several ranks: add --nproc N (N >= 2) or torchrun")
+    if args.comm is not None:
+        raise ValueError("--comm is DDP's gradient communication; --fsdp trains with TopK")
+    if args.checkpoint:
+        raise ValueError("--checkpoint is not supported with --fsdp yet")
 
 
 def sweep(args: argparse.Namespace) -> int:
@@ -234,7 +249,7 @@ def bench(args: argparse.Namespace) -> int:
         columns = [Column(lambda r: r.get("bandwidth", "unshaped"), "link"), *columns]
     else:
         options = {"repeats": args.repeats}
-        if args.what == "select" and args.sizes:
+        if args.what in ("select", "sharded") and args.sizes:
             options["sizes"] = args.sizes
         if args.what == "prune-memory":
             options.update(device=args.device, width=args.width)

@@ -17,9 +17,9 @@ from gradsift import prune_at_init, sparsity_report
 from gradsift.lab.atomic import atomic_write_json, read_json
 from gradsift.lab.data import load_dataset
 from gradsift.lab.models import build_model
-from gradsift.lab.parallel import ddp_setup
+from gradsift.lab.parallel import ddp_setup, fsdp_setup
 from gradsift.lab.training import TrainConfig, single_process_setup, train_run
-from gradsift.pruning import supported_options
+from gradsift.pruning import hold_masks, supported_options
 
 __all__ = [
     "RunSpec",
@@ -73,6 +73,7 @@ class RunSpec:
             f"{int(variant == 'shuffle-layer')}|{self.seed}|{t.epochs}|{t.density}|{t.k}|"
             f"{int(t.error_feedback)}|{t.lr:g}|{t.batch_size}"
             + (f"|{t.comm}" if t.comm else "")
+            + ("|fsdp" if t.fsdp else "")
             + extra
         )
 
@@ -105,6 +106,7 @@ class RunRecord:
     allocation: str = "global"  # "budget" in records written before the rename
     sanity: str | None = None
     diverged: bool = False  # a non-finite loss: test_accuracy is a broken network's
+    sharded: bool = False  # trained sharded with FSDP2 (TopK across the shards)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -152,33 +154,29 @@ def run_one(
 ) -> dict | None:
     """Build, prune (if ``spec.method``), train and evaluate; rank 0 returns the record.
 
-    With ``world > 1`` the process group must exist (``gradsift.lab.launch``).
+    With ``world > 1`` the process group must exist (``gradsift.lab.launch``); the
+    model is then trained with DDP, or sharded with FSDP2 when ``spec.train.fsdp``
+    (and then pruned on its shards, the masks held by ``gradsift.pruning.hold_masks``).
     """
     torch.manual_seed(spec.seed)  # the same initial model on every rank
     ds = load_dataset(spec.dataset, root=spec.data_root, seed=0)
     model = build_model(spec.model, input_shape=ds.input_shape, num_classes=ds.num_classes)
-    start = time.perf_counter()
-    if spec.method is not None:
-        prune_for_run(
-            model,
-            ds,
-            spec.method,
-            spec.sparsity,
-            iterations=spec.iterations,
-            seed=spec.seed,
-            allocation=spec.allocation,
-            sanity=spec.variant,
-        )
-    prune_seconds = time.perf_counter() - start
     cfg = TrainConfig(**{**asdict(spec.train), "seed": spec.seed})
-    if world > 1:
+    sharded = world > 1 and cfg.fsdp
+    setup = fsdp_setup(model, ds.train, cfg, rank, world) if sharded else None
+    start = time.perf_counter()
+    masks = _prune_spec(model, ds, spec) if spec.method is not None else None
+    prune_seconds = time.perf_counter() - start
+    if sharded and masks is not None:  # pruned shards: kept at zero while training
+        hold_masks(setup.optimizer, model, masks)
+    if world > 1 and not sharded:
         setup = ddp_setup(model, ds.train, cfg, rank, world)
-    else:
+    elif world == 1:
         setup = single_process_setup(model, ds.train, cfg)
     result = train_run(setup, cfg, ds.test, checkpoint_dir=checkpoint_dir, progress=progress)
+    report = sparsity_report(model)  # a collective on a sharded model
     if rank != 0:
         return None
-    report = sparsity_report(model)
     return RunRecord(
         key=spec.key(),
         model=spec.model,
@@ -204,7 +202,22 @@ def run_one(
         allocation=spec.allocation,
         sanity=spec.variant,
         diverged=diverged(result),
+        sharded=sharded,
     ).to_dict()
+
+
+def _prune_spec(model, ds, spec: RunSpec) -> dict:
+    """``prune_for_run`` as ``spec`` says (on a sharded model: its shards)."""
+    return prune_for_run(
+        model,
+        ds,
+        spec.method,
+        spec.sparsity,
+        iterations=spec.iterations,
+        seed=spec.seed,
+        allocation=spec.allocation,
+        sanity=spec.variant,
+    )
 
 
 def diverged(record: dict) -> bool:

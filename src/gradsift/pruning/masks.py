@@ -112,7 +112,7 @@ def select(
     alive, offset = {}, 0
     for n in names:
         part = flat[offset : offset + scores[n].numel()]
-        alive[n] = _fill_keys_(part, scores[n], None if previous is None else previous.get(n))
+        alive[n] = fill_keys_(part, scores[n], None if previous is None else previous.get(n))
         offset += part.numel()
         if consume:
             del scores[n]
@@ -136,7 +136,7 @@ def _split(flat: torch.Tensor, shapes: dict, fn) -> dict[str, torch.Tensor]:
     return out
 
 
-def _key_dtype(scores: dict) -> torch.dtype:
+def key_dtype(scores: dict) -> torch.dtype:
     dtype = torch.float32
     for s in scores.values():
         dtype = torch.promote_types(dtype, s.dtype)
@@ -145,7 +145,7 @@ def _key_dtype(scores: dict) -> torch.dtype:
 
 def _buffer(workspace: dict | None, scores: dict, names: list) -> torch.Tensor:
     n = sum(scores[name].numel() for name in names)
-    dtype, device = _key_dtype(scores), scores[names[0]].device
+    dtype, device = key_dtype(scores), scores[names[0]].device
     buf = None if workspace is None else workspace.get("flat")
     if buf is None or buf.numel() != n or buf.device != device or buf.dtype != dtype:
         buf = torch.empty(n, dtype=dtype, device=device)
@@ -165,7 +165,7 @@ def _live_floor(dtype: torch.dtype) -> float:
     return float(np.nextafter(np_dtype(torch.finfo(dtype).min), np_dtype(0)))
 
 
-def _fill_keys_(part: torch.Tensor, score: torch.Tensor, previous) -> int:
+def fill_keys_(part: torch.Tensor, score: torch.Tensor, previous) -> int:
     """Write ``score``'s keys into ``part``; return how many weights are alive."""
     part.copy_(score.detach().reshape(-1))
     part.clamp_(min=_live_floor(part.dtype))

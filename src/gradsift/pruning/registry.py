@@ -26,6 +26,7 @@ from torch import nn
 
 from gradsift.pruning.params import Selector, original, private_copy, prunable
 from gradsift.pruning.sampling import replayable
+from gradsift.pruning.sharded_scoring import is_sharded_model, preserved
 
 __all__ = [
     "Method",
@@ -53,6 +54,9 @@ class Method:
     does); ``prune_at_init`` passes it the target. ``reads_only``: the criterion
     neither changes the model nor its flags (magnitude, random), so ``score`` hands it
     the caller's model instead of a deep copy (one copy of the parameters saved).
+    ``sharded``: the criterion's form for a sharded model (FSDP2, ``DTensor``
+    parameters; ``gradsift.pruning.sharded_scoring``), same signature and options, run
+    on the caller's model and returning ``DTensor`` scores; None: it cannot run sharded.
     """
 
     name: str
@@ -61,6 +65,7 @@ class Method:
     rescorer: Callable | None = None
     paper_iterations: int = 1
     reads_only: bool = False
+    sharded: Callable | None = None
 
     @property
     def takes_sparsity(self) -> bool:
@@ -83,6 +88,7 @@ def register_method(
     rescorer: Callable | None = None,
     paper_iterations: int = 1,
     reads_only: bool = False,
+    sharded: Callable | None = None,
     replace: bool = False,
 ) -> Method:
     """Register ``fn`` as criterion ``name`` (see the module docstring for its
@@ -93,7 +99,7 @@ def register_method(
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
     if name in _METHODS and not replace:
         raise ValueError(f"method {name!r} is already registered (pass replace=True)")
-    method = Method(name, fn, dict(defaults or {}), rescorer, paper_iterations, reads_only)
+    method = Method(name, fn, dict(defaults or {}), rescorer, paper_iterations, reads_only, sharded)
     unknown = sorted(set(method.defaults) - set(method.options()))
     if unknown:
         raise ValueError(f"defaults {unknown} are not keyword-only options of {name!r}")
@@ -155,7 +161,9 @@ def score(
     coverage warning, for ``prune_at_init``'s rounds, which warn once themselves.)
 
     Args:
-        model: any ``nn.Module``; it is not modified.
+        model: any ``nn.Module``; it is not modified. A sharded model (FSDP2,
+            ``DTensor`` parameters) is scored on its shards by the method's sharded
+            form and gets ``DTensor`` scores (``gradsift.pruning.sharded_scoring``).
         method: one of ``list_methods()``.
         data: an iterable of ``(inputs, targets)`` batches (a DataLoader; a one-pass
             generator is read once and replayed, ``gradsift.pruning.sampling``).
@@ -186,12 +194,19 @@ def run_criterion(
 ) -> dict[str, torch.Tensor]:
     """``score``; ``warn=False`` leaves out the default selection's coverage warning."""
     entry = get_method(method)
+    sharded = is_sharded_model(model)  # the one place that decides
+    if sharded:
+        check_shardable(entry)
     options = checked_options(method, options)
     data = replayable(data)
     prunable(model, params, warn=warn)  # validate names (and warn) on the caller's model
     devices = [d for d in {p.device for p in model.parameters()} if d.type == "cuda"]
     with torch.random.fork_rng(devices=devices):
-        if entry.reads_only:  # no copy and no autograd: it only reads
+        if sharded:  # on the caller's model, put back as it was
+            targets = prunable(model, params, warn=False)
+            with torch.no_grad() if entry.reads_only else preserved(model):
+                scores = entry.sharded(model, targets, data, **options)
+        elif entry.reads_only:  # no copy and no autograd: it only reads
             targets = prunable(model, params, warn=False)
             with torch.no_grad():
                 scores = entry.fn(model, targets, data, **options)
@@ -200,6 +215,16 @@ def run_criterion(
             scores = entry.fn(work, targets, data, **options)
     _check_scores(method, scores, targets)
     return {name: scores[name].detach() for name in targets}
+
+
+def check_shardable(entry: Method) -> None:
+    """Raise ``ValueError`` naming ``entry`` when it has no sharded form."""
+    if entry.sharded is None:
+        able = sorted(n for n, m in _METHODS.items() if m.sharded is not None)
+        raise ValueError(
+            f"method {entry.name!r} cannot score a sharded model (FSDP2, DTensor "
+            f"parameters); the methods that can: {able}"
+        )
 
 
 def _check_scores(method: str, scores: dict, targets: dict) -> None:

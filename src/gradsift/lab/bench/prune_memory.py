@@ -88,9 +88,7 @@ def measure(case: str, width: int, depth: int, sparsity: float, device: str) -> 
         options = supported_options(
             case, num_classes=10, samples_per_class=2, chunk_size=10, input_shape=(width,)
         )
-        prune_at_init(
-            model, case, sparsity, data, iterations=_ITERATIONS.get(case, 1), **options
-        )
+        prune_at_init(model, case, sparsity, data, iterations=_ITERATIONS.get(case, 1), **options)
         F.cross_entropy(model(data[0][0]), data[0][1])  # the pruned model runs
     if device == "cuda":
         torch.cuda.synchronize()

@@ -13,4 +13,5 @@ def magnitude(model, targets, data=None):
     return {name: effective(m, a).abs() for name, (m, a) in targets.items()}
 
 
-register_method("magnitude", magnitude, reads_only=True)
+# on a sharded model, ``|θ|`` of each rank's shard is that rank's part of the scores
+register_method("magnitude", magnitude, reads_only=True, sharded=magnitude)

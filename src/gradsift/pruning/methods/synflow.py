@@ -16,6 +16,7 @@ not supported: it raises a ``ValueError`` that says so.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 
 import torch
@@ -31,8 +32,18 @@ from gradsift.pruning.params import (
     private_copy,
 )
 from gradsift.pruning.registry import register_method
+from gradsift.pruning.sharded_scoring import like, local, rank0_gradients, share
 
-__all__ = ["linearise_", "linearised_rescorer", "linearised_scores", "synflow", "synflow_rescorer"]
+__all__ = [
+    "linearise_",
+    "linearised_rescorer",
+    "linearised_scores",
+    "synflow",
+    "synflow_rescorer",
+    "synflow_sharded",
+]
+
+log = logging.getLogger(__name__)
 
 
 def linearise_(model: nn.Module, dtype: torch.dtype, power: int = 1) -> None:
@@ -45,13 +56,20 @@ def linearise_(model: nn.Module, dtype: torch.dtype, power: int = 1) -> None:
     other linear map's entries do.
     """
     model.to(dtype).eval()
+    _flow_only_(model, power)
+    refuse_token_ids(model, _name(power))
+
+
+def _flow_only_(model: nn.Module, power: int) -> None:
+    """``linearise_`` without the dtype change, in place in each tensor's local part
+    (a sharded model's shards)."""
     with torch.no_grad():
         for module in model.modules():
             for attr, p in module.named_parameters(recurse=False):
                 if attr in ("bias", "bias_orig"):
-                    p.zero_()
+                    local(p).zero_()
                 else:
-                    p.abs_().pow_(power)
+                    local(p).abs_().pow_(power)
             if (
                 isinstance(module, nn.modules.batchnorm._NormBase)
                 and module.running_mean is not None
@@ -59,7 +77,6 @@ def linearise_(model: nn.Module, dtype: torch.dtype, power: int = 1) -> None:
                 module.running_mean.zero_()
                 if power == 2:
                     module.running_var.add_(module.eps).square_().sub_(module.eps)
-    refuse_token_ids(model, _name(power))
 
 
 def _input_shape(data, input_shape, split_batch, method):
@@ -123,9 +140,7 @@ def _mask_in_place_(targets: dict, masks: dict) -> None:
             phi.mul_(masks[name].to(device=phi.device, dtype=phi.dtype))
 
 
-def synflow(
-    model, targets, data=None, *, input_shape=None, dtype=torch.float64, split_batch=None
-):
+def synflow(model, targets, data=None, *, input_shape=None, dtype=torch.float64, split_batch=None):
     """θ ⊙ ∂R/∂θ with R the sum of the linearised network's output on ones; ``data``
     (or ``input_shape``) gives only the input's shape (``split_batch`` as in snip)."""
     return linearised_scores(model, targets, data, input_shape, dtype, 1, split_batch)
@@ -152,4 +167,47 @@ def synflow_rescorer(
     )
 
 
-register_method("synflow", synflow, rescorer=synflow_rescorer, paper_iterations=100)
+def synflow_sharded(
+    model, targets, data=None, *, input_shape=None, dtype=torch.float64, split_batch=None
+):
+    """``synflow`` on a sharded model (FSDP2), on the model itself: ``|θ|`` swapped
+    into the local shards, biases and BatchNorm means zeroed, eval mode (all put back
+    by ``score``), one forward on ones and one backward, the gradient reduced exactly
+    (``sharded_scoring.rank0_gradients``).
+
+    Precision: the **model's dtype**; ``dtype`` is not used (the shards FSDP gathers
+    cannot change dtype). A float64 model gives single-process SynFlow's scores and
+    masks bit for bit; a float32 model gives single-process SynFlow with
+    ``dtype=torch.float32``, which can rank differently from the float64 default
+    where scores are within float32 rounding of each other, or underflow or overflow
+    (the product of ``|θ|`` over many layers).
+    """
+    shape = _input_shape(data, input_shape, split_batch, "synflow")
+    p0 = next(iter(model.parameters()))
+    if dtype != p0.dtype:
+        log.info("sharded synflow computes in the model's %s, not %s", p0.dtype, dtype)
+    model.eval()
+    _flow_only_(model, 1)
+    refuse_token_ids(model, "synflow")
+    for m, a in targets.values():
+        original(m, a).requires_grad_(True)
+    ones = torch.ones((1, *shape), dtype=p0.dtype, device=local(p0).device)
+    mine = share()
+    with rank0_gradients(model):
+        out = model(ones).sum()
+        (out if mine == 1 else out * mine).backward()
+    with torch.no_grad():
+        scores = {}
+        for name, (m, a) in targets.items():
+            phi = original(m, a)
+            scores[name] = like(local(phi.grad).mul(local(phi)), phi)
+        return scores
+
+
+register_method(
+    "synflow",
+    synflow,
+    rescorer=synflow_rescorer,
+    paper_iterations=100,
+    sharded=synflow_sharded,
+)
