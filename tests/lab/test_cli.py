@@ -243,13 +243,13 @@ def test_prune_with_an_allocation_and_a_sanity_variant(tmp_path, capsys, option)
     assert {x["name"]: x["kept"] for x in report["layers"]} == layer_counts(shapes, 0.9, "erk")
 
 
-def test_sweep_over_budgets_and_sanity_variants(tmp_path, monkeypatch):
+def test_sweep_over_allocations_and_sanity_variants(tmp_path, monkeypatch):
     specs = []
     monkeypatch.setattr(runs, "run_one", lambda spec, **kw: specs.append(spec) or _fake(spec))
     argv = ["sweep", "--methods", "snip", "--sparsities", "0.8,0.9", "--seeds", "0"]
     argv += ["--allocations", "global,erk", "--shuffle", "--sanity", "shuffle-layer,invert"]
     assert cli.main([*argv, "--out", str(tmp_path)]) == 0
-    got = [(s.sparsity, s.budget, s.variant) for s in specs]
+    got = [(s.sparsity, s.allocation, s.variant) for s in specs]
     variants = (None, "shuffle-layer", "invert")  # --shuffle and shuffle-layer: one run
     assert got == [(s, b, v) for s in (0.8, 0.9) for b in ("global", "erk") for v in variants]
 
@@ -260,7 +260,7 @@ def _fake(spec):
         "method": spec.method,
         "sparsity": spec.sparsity,
         "seed": spec.seed,
-        "budget": spec.budget,
+        "allocation": spec.allocation,
         "sanity": spec.variant,
         "shuffle": spec.variant == "shuffle-layer",
         "test_accuracy": 0.5,

@@ -156,3 +156,25 @@ def test_local_ranks_share_the_cores_instead_of_each_taking_all(monkeypatch):
 
 def test_a_thread_count_the_user_set_is_kept(monkeypatch):
     assert _run_rank_threads(monkeypatch, cpus=16, world=2, omp="3") is None
+
+
+def test_train_fsdp_on_2_ranks_keeps_the_pruned_weights_at_zero(tmp_path):
+    args = ["train", "--model", "lenet5", "--method", "magnitude", "--sparsity", "0.5"]
+    args += ["--density", "0.05", "--epochs", "1", "--fsdp", "--ranks", "2"]
+    proc = gradsift(*args, "--out", str(tmp_path), timeout=120)
+    assert "sharded with FSDP2 on 2 ranks" in proc.stdout
+    record = json.loads((tmp_path / "result.json").read_text())
+    assert record["world_size"] == 2 and record["sharded"] and record["key"].endswith("|fsdp")
+    # counted as nonzero weights after training: the held masks kept the pruned ones at 0
+    assert record["kept"] == record["total"] - round(0.5 * record["total"])
+    assert 0.0 <= record["test_accuracy"] <= 1.0 and len(record["history"]) == 1
+
+
+def test_train_fsdp_needs_several_ranks():
+    proc = subprocess.run(
+        [sys.executable, "-m", "gradsift", "train", "--fsdp", "--epochs", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode != 0 and "--fsdp shards over several ranks" in proc.stderr

@@ -1,6 +1,9 @@
 """One run's record, and the options a run passes to whichever method takes them."""
 
 import dataclasses
+import json
+
+import pytest
 
 from gradsift.lab import runs
 from gradsift.lab.runs import RunRecord, RunSpec, run_one
@@ -37,7 +40,7 @@ def test_prune_for_run_passes_only_supported_options(monkeypatch):
     }
 
 
-def test_budget_and_sanity_reach_prune_at_init_and_the_record(monkeypatch):
+def test_allocation_and_sanity_reach_prune_at_init_and_the_record(monkeypatch):
     seen = []
     real = runs.prune_at_init
 
@@ -50,13 +53,14 @@ def test_budget_and_sanity_reach_prune_at_init_and_the_record(monkeypatch):
         model="mlp",
         method="snip",
         sparsity=0.9,
-        budget="erk",
+        allocation="erk",
         sanity="invert",
         train=TrainConfig(epochs=1),
     )
     record = run_one(spec)
     assert seen == [{"allocation": "erk", "sanity": "invert", "shuffle": False}]
-    assert record["budget"] == "erk" and record["sanity"] == "invert"
+    assert record["allocation"] == "erk" and record["sanity"] == "invert"
+    assert "budget" not in record
     assert record["total"] - record["kept"] == round(0.9 * record["total"])
 
 
@@ -65,8 +69,8 @@ def test_keys_of_older_results_still_match():
     assert old.key() == "lenet5|digits|snip|0.9|1|1|0|10|None|None|1|0.05|64"
     assert RunSpec(method="snip", sparsity=0.9, sanity="shuffle-layer").key() == old.key()
     assert RunSpec(method="snip", sparsity=0.9).key().endswith("|0.05|64")
-    erk = RunSpec(method="snip", sparsity=0.9, budget="erk", sanity="reinit").key()
-    assert erk.endswith("|0.05|64|budget=erk|sanity=reinit")
+    erk = RunSpec(method="snip", sparsity=0.9, allocation="erk", sanity="reinit").key()
+    assert erk.endswith("|0.05|64|budget=erk|sanity=reinit")  # the old spelling, kept
 
 
 def test_sweep_in_worker_processes_matches_one_process(tmp_path):
@@ -104,3 +108,77 @@ def test_diverged_is_read_from_older_records_too():
     assert diverged({**ok, "test_loss": float("nan")})
     assert diverged({**ok, "history": [{"train_loss": float("inf")}, {"train_loss": 0.5}]})
     assert diverged({**ok, "diverged": True})
+
+
+# a record as the code before the rename wrote it: the allocation under "budget"
+OLD_RECORD = """{
+  "key": "lenet5|digits|snip|0.9|1|0|0|10|None|None|1|0.05|64|budget=erk",
+  "model": "lenet5", "dataset": "digits", "method": "snip", "sparsity": 0.9,
+  "iterations": 1, "shuffle": false, "seed": 0, "world_size": 1, "grad_density": 1.0,
+  "error_feedback": true, "epochs": 10, "kept": 6170, "total": 61706, "collapsed": [],
+  "test_accuracy": 0.9, "test_loss": 0.4, "history": [], "prune_seconds": 0.1,
+  "seconds": 1.0, "compression_ratio": 1.0, "budget": "erk", "sanity": null,
+  "diverged": false
+}"""
+
+
+def _record(spec: RunSpec) -> dict:
+    """A record of today's form for ``spec``."""
+    fields = {k: v for k, v in json.loads(OLD_RECORD).items() if k != "budget"}
+    return RunRecord(**{**fields, "key": spec.key(), "allocation": spec.allocation}).to_dict()
+
+
+def _old_results(tmp_path):
+    """A results file of the old code: one ERK run, and one run written before the
+    allocation was recorded at all (global)."""
+    old = json.loads(OLD_RECORD)
+    older = {k: v for k, v in old.items() if k != "budget"}
+    older["key"] = old["key"].removesuffix("|budget=erk")
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({"runs": [old, older]}))
+    return path
+
+
+def test_old_records_load_into_allocation_and_show_in_tables_and_plots(tmp_path):
+    from gradsift.lab.plots import run_label
+    from gradsift.lab.studies.mnist import _cells
+
+    erk, plain = runs.load_results(_old_results(tmp_path))
+    assert (erk["allocation"], plain["allocation"]) == ("erk", "global")
+    assert "budget" not in erk and "budget" not in plain
+    assert RunRecord(**erk).allocation == "erk"  # every field of today's record, none extra
+    assert run_label(erk) == "snip [erk]" and run_label(plain) == "snip"
+    cells = _cells([erk, plain])
+    assert cells[("lenet5", "snip", "erk", None, 0.9)] == [erk]
+
+
+def test_sweep_resumes_over_old_records(tmp_path, monkeypatch):
+    path = _old_results(tmp_path)
+    ran = []
+
+    def fake(spec, **kw):
+        ran.append(spec.key())
+        return _record(spec)
+
+    monkeypatch.setattr(runs, "run_one", fake)
+    erk = RunSpec(method="snip", sparsity=0.9, allocation="erk")
+    glob = RunSpec(method="snip", sparsity=0.9)
+    new = RunSpec(method="snip", sparsity=0.9, allocation="uniform")
+    results = runs.run_sweep([erk, glob, new], path)
+    assert ran == [new.key()], "the two old runs are found and skipped"
+    assert [r["allocation"] for r in results] == ["erk", "global", "uniform"]
+    reloaded = runs.load_results(path)
+    assert reloaded == results and all("budget" not in r for r in reloaded)
+    assert runs.run_sweep([erk, glob, new], path) == results and len(ran) == 1
+
+
+@pytest.mark.parametrize("allocation", ["global", "erk"])
+def test_new_record_round_trips(tmp_path, monkeypatch, allocation):
+    spec = RunSpec(method="snip", sparsity=0.9, allocation=allocation)
+    record = _record(spec)
+    monkeypatch.setattr(runs, "run_one", lambda spec, **kw: record)
+    path = tmp_path / "results.json"
+    assert runs.run_sweep([spec], path) == [record]
+    assert "budget" not in json.loads(path.read_text())["runs"][0]
+    assert runs.load_results(path) == [record]
+    assert RunRecord(**runs.load_results(path)[0]).to_dict() == record

@@ -22,10 +22,10 @@ def test_quick_study(study, tmp_path, capsys):
     assert data["study"] == study and data["quick"] is True
     assert data["command"] == f"gradsift experiment {study} --quick --out {tmp_path}"
     md = (tmp_path / f"{study}.md").read_text()
-    # speed: select, step, score, ddp, ties, methods, iteration, prune-memory;
+    # speed: select, step, score, ddp, ties, methods, iteration, prune-memory, sharded;
     # ddp: its bench and time to accuracy;
     # mnist: one per network, sanity, SNIP
-    tables = {"speed": 8, "ddp": 2, "mnist": 4}.get(study, 1)
+    tables = {"speed": 9, "ddp": 2, "mnist": 4}.get(study, 1)
     assert sum(line.startswith("|---") for line in md.splitlines()) == tables
     png = next(tmp_path.glob("*.png")).read_bytes()
     assert png.startswith(PNG) and len(png) > 1000
@@ -55,7 +55,7 @@ def test_quick_study(study, tmp_path, capsys):
         assert {r["dataset"] for r in runs} == {"mnist5k"}
         assert {r["model"] for r in runs} == {"lenet300_100", "lenet5_caffe"}
         pruned = [r for r in runs if r["method"] != "unpruned"]
-        assert {(r["budget"], r["sanity"]) for r in pruned if r["model"] == "lenet300_100"} == {
+        assert {(r["allocation"], r["sanity"]) for r in pruned if r["model"] == "lenet300_100"} == {
             ("global", None),
             ("erk", None),
             ("global", "reinit"),

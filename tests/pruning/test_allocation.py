@@ -237,14 +237,26 @@ def test_masks_rank_within_each_layer():
         torch.testing.assert_close(masks[n].reshape(-1), expected, rtol=0, atol=0)
 
 
-def test_scope_layer_is_budget_uniform():
+def test_pruning_scope_is_a_deprecated_alias_of_allocation():
+    """Pruning's ``scope=`` ("layer": each layer pruned alone at the same density) is
+    ``allocation=``'s older name, kept one release; ``TopK(scope=)`` is another idea."""
+    from gradsift import prune_at_init
+    from pruning_support import convnet, convnet_data
+
     gen = torch.Generator().manual_seed(2)
     scores = {n: torch.randn(s, generator=gen) for n, s in SHAPES.items()}
-    a = masks_from_scores(scores, 0.6, scope="layer")
-    b = masks_from_scores(scores, 0.6, allocation="uniform")
-    assert all(torch.equal(a[n], b[n]) for n in SHAPES)
-    with pytest.raises(ValueError, match="disagree"):
+    for scope, allocation in (("layer", "uniform"), ("global", "global")):
+        with pytest.warns(DeprecationWarning, match=r"scope=.*deprecated.*allocation=") as w:
+            a = masks_from_scores(scores, 0.6, scope=scope)
+        assert w[0].filename == __file__  # the warning points at the caller
+        b = masks_from_scores(scores, 0.6, allocation=allocation)
+        assert all(torch.equal(a[n], b[n]) for n in SHAPES)
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="disagree"):
         masks_from_scores(scores, 0.6, scope="layer", allocation="erk")
+    with pytest.warns(DeprecationWarning, match=r"allocation=\"uniform\""):
+        masks = prune_at_init(convnet(), "magnitude", 0.8, convnet_data(), scope="layer")
+    shapes = {n: m.shape for n, m in masks.items()}
+    assert {n: int(m.sum()) for n, m in masks.items()} == layer_counts(shapes, 0.8, "uniform")
 
 
 def test_budget_with_previous_masks_and_guard_stays_exact():

@@ -59,10 +59,10 @@ def test_signed_scores_are_not_ranked_by_magnitude():
     assert mask.tolist() == [0.0, 1.0, 1.0, 0.0]
 
 
-def test_layer_scope_is_exact_per_layer():
+def test_uniform_allocation_is_exact_per_layer():
     gen = torch.Generator().manual_seed(0)
     scores = {"a": torch.randn(10, 10, generator=gen), "b": torch.randn(7, generator=gen)}
-    masks = masks_from_scores(scores, 0.7, scope="layer")
+    masks = masks_from_scores(scores, 0.7, allocation="uniform")
     assert int(masks["a"].sum()) == 100 - 70
     assert int(masks["b"].sum()) == 7 - round(0.7 * 7)
 

@@ -14,3 +14,69 @@ def test_sharded_magnitude_masks_equal_single_process(world, sparsity, coarse):
     assert "timeout" not in results, results
     for rank in range(world):
         assert results[rank] == [True] * len(results[rank]) and results[rank], results[rank]
+
+
+import torch  # noqa: E402
+
+import prune_fsdp_workers as prune_workers  # noqa: E402
+
+
+def _ok(results, world):
+    assert "timeout" not in results, results
+    out = [results[r] for r in range(world)]
+    for r in out:
+        assert not (isinstance(r, str) and r.startswith("error")), r
+    return out
+
+
+@pytest.mark.parametrize(
+    "world, method, dtype, hsdp, options",
+    [
+        (2, "magnitude", torch.float32, False, {}),
+        (3, "magnitude", torch.float32, False, {}),
+        (2, "random", torch.float32, False, {"seed": 3}),
+        (3, "random", torch.float32, False, {"seed": 3}),
+        (2, "snip", torch.float32, False, {}),
+        (3, "snip", torch.float32, False, {}),
+        (2, "synflow", torch.float64, False, {}),
+        (3, "synflow", torch.float64, False, {}),
+        (3, "synflow", torch.float32, False, {}),
+        (2, "synflow", torch.float64, False, {"iterations": 3}),
+        (2, "snip", torch.float32, True, {}),
+        (2, "synflow", torch.float64, True, {}),
+    ],
+)
+def test_prune_at_init_on_fsdp2_equals_single_process(world, method, dtype, hsdp, options):
+    for untouched, same_scores, same_masks, same_weights, kept, placements in _ok(
+        run_world(prune_workers.masks_equal, world, method, dtype, hsdp, options), world
+    ):
+        assert untouched, "score changed the sharded model"
+        assert same_scores, "the scores differ from the single-process ones"
+        assert same_masks and all(same_masks), same_masks
+        assert same_weights, "the pruned shards differ from the pruned unsharded weights"
+        assert kept == round((1 - prune_workers.SPARSITY) * (20 * 64 + 64 * 64 + 64 * 5))
+        assert placements == (["(Replicate(), Shard(dim=0))"] if hsdp else ["(Shard(dim=0),)"])
+
+
+@pytest.mark.parametrize("world, method", [(2, "magnitude"), (3, "random")])
+def test_replicated_parameters_are_ranked_once(world, method):
+    for same, placements in _ok(run_world(prune_workers.replicated_masks, world, method), world):
+        assert same and all(same), same
+        assert placements == "(Replicate(),)"
+
+
+def test_methods_and_options_without_a_sharded_form_refuse_before_any_work():
+    for messages, untouched in _ok(run_world(prune_workers.refusals, 2), 2):
+        assert "'grasp' cannot score a sharded model" in messages[0], messages[0]
+        assert "allocation='uniform' is not supported on a sharded model" in messages[1]
+        assert untouched
+
+
+@pytest.mark.parametrize("hold", [True, False])
+def test_hold_masks_keeps_pruned_weights_zero_under_topk(hold):
+    for revived, moved in _ok(run_world(prune_workers.train_keeps_masks, 2, hold), 2):
+        assert moved > 0
+        if hold:
+            assert revived == 0, f"{revived} pruned weights came back"
+        else:  # the check above can fail: without the hold, TopK revives some
+            assert revived > 0

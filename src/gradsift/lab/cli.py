@@ -74,6 +74,7 @@ def _command(sub, name: str, help: str) -> argparse.ArgumentParser:  # noqa: A00
     p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS)
     return p
 
+
 def _add_common(
     p: argparse.ArgumentParser, *, method_required: bool = False, sweep: bool = False
 ) -> None:
@@ -160,9 +161,8 @@ def _train_parsers(sub) -> None:
     t = _command(sub, "train", help="(prune and) train one model")
     _add_common(t)
     _add_training(t)
-    t.add_argument(
-        "--nproc", type=_positive_int, default=1, help="data-parallel processes (gloo on CPU)"
-    )
+    t.add_argument("--nproc", "--ranks", type=_positive_int, default=1, help="ranks (gloo on CPU)")
+    t.add_argument("--fsdp", action="store_true", help="with --nproc: FSDP2, TopK across shards")
     t.add_argument(
         "--comm",
         choices=COMMS,
@@ -235,7 +235,9 @@ def _study_parsers(sub) -> None:
     b = _command(sub, "bench", help="measure speed as ratios against baselines")
     b.add_argument("what", choices=list(BENCHES), help="what to benchmark")
     b.add_argument("--repeats", type=_positive_int, default=7, help="timed calls per entry")
-    b.add_argument("--sizes", type=_list_of(_positive_int), help="comma-separated N (select)")
+    b.add_argument(
+        "--sizes", type=_list_of(_positive_int), help="comma-separated N (select, sharded)"
+    )
     b.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
     b.add_argument(
         "--device",

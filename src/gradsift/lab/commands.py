@@ -37,6 +37,7 @@ def _spec(args: argparse.Namespace, **overrides):
         seed=args.seed,
         device=args.device,
         comm=getattr(args, "comm", None),
+        fsdp=getattr(args, "fsdp", False),
     )
     fields = dict(
         model=args.model,
@@ -47,7 +48,7 @@ def _spec(args: argparse.Namespace, **overrides):
         seed=args.seed,
         train=cfg,
         data_root=args.data_root,
-        budget=getattr(args, "allocation", "global"),  # a sweep names them in overrides
+        allocation=getattr(args, "allocation", "global"),  # a sweep names them in overrides
         sanity=getattr(args, "sanity", None),
     )
     fields.update(overrides)
@@ -137,6 +138,8 @@ def train(args: argparse.Namespace) -> int:
     from gradsift.lab.runs import run_one
 
     ckpt = args.checkpoint
+    if args.fsdp:
+        _check_fsdp(args, launch.under_torchrun())
     if launch.under_torchrun():
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         record = launch.run_rank(_spec(args), rank=rank, world=world, checkpoint_dir=ckpt)
@@ -147,13 +150,25 @@ def train(args: argparse.Namespace) -> int:
     else:
         record = run_one(_spec(args), checkpoint_dir=ckpt, progress=True)
     print(render([record], RUN_COLUMNS))
-    if record["world_size"] > 1:
+    if record.get("sharded"):
+        print(f"sharded with FSDP2 on {record['world_size']} ranks, top-k across the shards")
+    elif record["world_size"] > 1:
         print(f"gradient traffic: {record['compression_ratio']:.1f}x less than allreduce")
     if args.out:
         path = Path(args.out) / "result.json"
         atomic_write_json(path, record)
         print(f"wrote {path}")
     return 0
+
+
+def _check_fsdp(args: argparse.Namespace, torchrun: bool) -> None:
+    """``--fsdp`` needs several ranks and neither a DDP communication nor a checkpoint."""
+    if args.nproc < 2 and not torchrun:
+        raise ValueError("--fsdp shards over several ranks: add --nproc N (N >= 2) or torchrun")
+    if args.comm is not None:
+        raise ValueError("--comm is DDP's gradient communication; --fsdp trains with TopK")
+    if args.checkpoint:
+        raise ValueError("--checkpoint is not supported with --fsdp yet")
 
 
 def sweep(args: argparse.Namespace) -> int:
@@ -168,22 +183,22 @@ def sweep(args: argparse.Namespace) -> int:
     # ``--shuffle`` and ``--sanity shuffle-layer`` are one run: run_sweep skips the twin
     variants = [None] + (["shuffle-layer"] if args.shuffle else []) + args.sanity
     specs = [
-        _spec(args, method=m, sparsity=s, seed=seed, budget=b, sanity=v)
+        _spec(args, method=m, sparsity=s, seed=seed, allocation=a, sanity=v)
         for m in methods
         for s in args.sparsities
         for seed in args.seeds
-        for b in args.allocations
+        for a in args.allocations
         for v in variants
     ]
     out = Path(args.out)
     path = out / "results.json"
 
     def report(r):
-        budget = "" if r["budget"] == "global" else f" allocation {r['budget']}"
+        allocation = "" if r["allocation"] == "global" else f" allocation {r['allocation']}"
         sanity = f" {r['sanity']}" if r["sanity"] else ""
         print(
             f"  {r['method']:>9} sparsity {r['sparsity']:.3f} seed {r['seed']}"
-            f"{budget}{sanity}: acc {r['test_accuracy']:.4f}"
+            f"{allocation}{sanity}: acc {r['test_accuracy']:.4f}"
         )
 
     runs = run_sweep(specs, path, on_result=report, jobs=args.jobs)
@@ -234,7 +249,7 @@ def bench(args: argparse.Namespace) -> int:
         columns = [Column(lambda r: r.get("bandwidth", "unshaped"), "link"), *columns]
     else:
         options = {"repeats": args.repeats}
-        if args.what == "select" and args.sizes:
+        if args.what in ("select", "sharded") and args.sizes:
             options["sizes"] = args.sizes
         if args.what == "prune-memory":
             options.update(device=args.device, width=args.width)

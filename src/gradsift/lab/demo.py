@@ -68,8 +68,7 @@ def summary(res, methods, sparsities, density) -> list[str]:
     ratio = res["topk"][True].get("compression_ratio", 0)
     lines += [
         "",
-        f"2. Top-k sparse updates (unpruned net, {density:.0%} of gradient coordinates per "
-        "step):",
+        f"2. Top-k sparse updates (unpruned net, {density:.0%} of gradient coordinates per step):",
         f"   with error feedback {ef:.1f}%, without {no_ef:.1f}%, dense updates {dense:.1f}%.",
         "   Error feedback keeps what a step drops in a residual and adds it back later, so "
         "no gradient is lost, only delayed"

@@ -1,5 +1,6 @@
-"""Data-parallel training on CPU (gloo) or GPU (NCCL) with the top-k comm hook: the
-process group and one rank's ``Setup`` for ``training.train_run``.
+"""Data-parallel training on CPU (gloo) or GPU (NCCL) with the top-k comm hook, or
+sharded with FSDP2 and ``TopK`` (``fsdp_setup``): the process group and one rank's
+``Setup`` for ``training.train_run``.
 
 The backend follows ``--device``: ``cuda`` uses NCCL with one GPU per local rank
 (the model and every batch on ``cuda:LOCAL_RANK``), anything else gloo on CPU.
@@ -19,7 +20,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 from gradsift.lab.comm import make_hook
 from gradsift.lab.training import Setup, TrainConfig, make_optimizer, make_scheduler
 
-__all__ = ["init_process_group", "rank_device", "ddp_setup"]
+__all__ = ["init_process_group", "rank_device", "ddp_setup", "fsdp_setup"]
 
 
 def rank_device(device: str) -> str:
@@ -64,3 +65,29 @@ def ddp_setup(model: torch.nn.Module, train_set, cfg: TrainConfig, rank: int, wo
         ddp.register_comm_hook(state, hook)
     opt = make_optimizer(model, replace(cfg, momentum=momentum), topk=False)
     return Setup(model, ddp, opt, make_scheduler(opt, cfg), data, device, rank, world, state)
+
+
+def fsdp_setup(model: torch.nn.Module, train_set, cfg: TrainConfig, rank: int, world: int):
+    """``model`` sharded with FSDP2 over a 1-D mesh of the ``world`` ranks (every module
+    holding parameters, then the root, ``fully_shard``), SGD wrapped in ``TopK`` when
+    ``cfg`` is sparse (the selection is global across the shards,
+    ``gradsift.optim.sharded``), the schedule and a distributed sampler. Evaluation
+    runs on every rank (FSDP gathers the weights for each forward)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    device = rank_device(cfg.device)
+    model.to(device).train()
+    mesh = init_device_mesh(torch.device(device).type, (world,))
+    for module in list(model.modules())[1:]:
+        if any(True for _ in module.parameters(recurse=False)):
+            fully_shard(module, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    sampler = DistributedSampler(
+        train_set, num_replicas=world, rank=rank, shuffle=True, seed=cfg.seed
+    )
+    data = DataLoader(train_set, batch_size=cfg.batch_size, sampler=sampler)
+    opt = make_optimizer(model, cfg)
+    setup = Setup(model, model, opt, make_scheduler(opt, cfg), data, device, rank, world)
+    setup.eval_all_ranks = True
+    return setup

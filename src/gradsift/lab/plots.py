@@ -48,10 +48,10 @@ def _variant(r: dict) -> str | None:
 
 
 def run_label(r: dict) -> str:
-    """``method [budget] (variant)``: what a curve of runs has in common."""
+    """``method [allocation] (variant)``: what a curve of runs has in common."""
     label = r["method"]
-    if r.get("budget", "global") != "global":
-        label += f" [{r['budget']}]"
+    if r.get("allocation", "global") != "global":
+        label += f" [{r['allocation']}]"
     variant = _variant(r)
     if variant == "shuffle-layer":
         label += " (shuffled)"

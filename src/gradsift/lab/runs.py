@@ -17,9 +17,9 @@ from gradsift import prune_at_init, sparsity_report
 from gradsift.lab.atomic import atomic_write_json, read_json
 from gradsift.lab.data import load_dataset
 from gradsift.lab.models import build_model
-from gradsift.lab.parallel import ddp_setup
+from gradsift.lab.parallel import ddp_setup, fsdp_setup
 from gradsift.lab.training import TrainConfig, single_process_setup, train_run
-from gradsift.pruning import supported_options
+from gradsift.pruning import hold_masks, supported_options
 
 __all__ = [
     "RunSpec",
@@ -28,6 +28,7 @@ __all__ = [
     "run_one",
     "run_sweep",
     "load_results",
+    "upgraded",
     "diverged",
 ]
 
@@ -47,7 +48,7 @@ class RunSpec:
     seed: int = 0
     train: TrainConfig = field(default_factory=TrainConfig)
     data_root: str | None = None
-    budget: str = "global"  # the layer allocation, gradsift.pruning.ALLOCATIONS (stored name)
+    allocation: str = "global"  # the layer allocation, gradsift.pruning.ALLOCATIONS
     sanity: str | None = None  # a name of gradsift.pruning.SANITY
 
     @property
@@ -58,11 +59,13 @@ class RunSpec:
         return "shuffle-layer" if self.shuffle else self.sanity
 
     def key(self) -> str:
-        """Layer-wise shuffling keeps its old slot, and a budget or another variant
+        """Layer-wise shuffling keeps its old slot, and an allocation or another variant
         appears only when set, so the keys of older results still match."""
         t = self.train
         variant = self.variant
-        extra = (f"|budget={self.budget}" if self.budget != "global" else "") + (
+        # spelled "budget=", the allocation's name when these keys were first written:
+        # results files hold these keys, and a sweep skips the runs whose keys it finds
+        extra = (f"|budget={self.allocation}" if self.allocation != "global" else "") + (
             f"|sanity={variant}" if variant not in (None, "shuffle-layer") else ""
         )
         return (
@@ -70,6 +73,7 @@ class RunSpec:
             f"{int(variant == 'shuffle-layer')}|{self.seed}|{t.epochs}|{t.density}|{t.k}|"
             f"{int(t.error_feedback)}|{t.lr:g}|{t.batch_size}"
             + (f"|{t.comm}" if t.comm else "")
+            + ("|fsdp" if t.fsdp else "")
             + extra
         )
 
@@ -99,9 +103,10 @@ class RunRecord:
     prune_seconds: float
     seconds: float
     compression_ratio: float = 1.0
-    budget: str = "global"
+    allocation: str = "global"  # "budget" in records written before the rename
     sanity: str | None = None
     diverged: bool = False  # a non-finite loss: test_accuracy is a broken network's
+    sharded: bool = False  # trained sharded with FSDP2 (TopK across the shards)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -149,33 +154,29 @@ def run_one(
 ) -> dict | None:
     """Build, prune (if ``spec.method``), train and evaluate; rank 0 returns the record.
 
-    With ``world > 1`` the process group must exist (``gradsift.lab.launch``).
+    With ``world > 1`` the process group must exist (``gradsift.lab.launch``); the
+    model is then trained with DDP, or sharded with FSDP2 when ``spec.train.fsdp``
+    (and then pruned on its shards, the masks held by ``gradsift.pruning.hold_masks``).
     """
     torch.manual_seed(spec.seed)  # the same initial model on every rank
     ds = load_dataset(spec.dataset, root=spec.data_root, seed=0)
     model = build_model(spec.model, input_shape=ds.input_shape, num_classes=ds.num_classes)
-    start = time.perf_counter()
-    if spec.method is not None:
-        prune_for_run(
-            model,
-            ds,
-            spec.method,
-            spec.sparsity,
-            iterations=spec.iterations,
-            seed=spec.seed,
-            allocation=spec.budget,
-            sanity=spec.variant,
-        )
-    prune_seconds = time.perf_counter() - start
     cfg = TrainConfig(**{**asdict(spec.train), "seed": spec.seed})
-    if world > 1:
+    sharded = world > 1 and cfg.fsdp
+    setup = fsdp_setup(model, ds.train, cfg, rank, world) if sharded else None
+    start = time.perf_counter()
+    masks = _prune_spec(model, ds, spec) if spec.method is not None else None
+    prune_seconds = time.perf_counter() - start
+    if sharded and masks is not None:  # pruned shards: kept at zero while training
+        hold_masks(setup.optimizer, model, masks)
+    if world > 1 and not sharded:
         setup = ddp_setup(model, ds.train, cfg, rank, world)
-    else:
+    elif world == 1:
         setup = single_process_setup(model, ds.train, cfg)
     result = train_run(setup, cfg, ds.test, checkpoint_dir=checkpoint_dir, progress=progress)
+    report = sparsity_report(model)  # a collective on a sharded model
     if rank != 0:
         return None
-    report = sparsity_report(model)
     return RunRecord(
         key=spec.key(),
         model=spec.model,
@@ -198,10 +199,25 @@ def run_one(
         prune_seconds=prune_seconds,
         seconds=prune_seconds + result["seconds"],
         compression_ratio=setup.hook_state.compression_ratio if setup.hook_state else 1.0,
-        budget=spec.budget,
+        allocation=spec.allocation,
         sanity=spec.variant,
         diverged=diverged(result),
+        sharded=sharded,
     ).to_dict()
+
+
+def _prune_spec(model, ds, spec: RunSpec) -> dict:
+    """``prune_for_run`` as ``spec`` says (on a sharded model: its shards)."""
+    return prune_for_run(
+        model,
+        ds,
+        spec.method,
+        spec.sparsity,
+        iterations=spec.iterations,
+        seed=spec.seed,
+        allocation=spec.allocation,
+        sanity=spec.variant,
+    )
 
 
 def diverged(record: dict) -> bool:
@@ -213,14 +229,25 @@ def diverged(record: dict) -> bool:
     )
 
 
+def upgraded(record: dict) -> dict:
+    """``record`` in today's field names: a record written before the layer allocation
+    was called ``allocation`` holds it as ``"budget"``, and one written before either
+    existed ran under ``"global"`` (its ``key`` is left as written: ``RunSpec.key``
+    still spells it so)."""
+    allocation = record.pop("budget", "global")
+    record.setdefault("allocation", allocation)
+    return record
+
+
 def load_results(path) -> list[dict]:
-    """The runs of a results file (none when it does not exist)."""
+    """The runs of a results file (none when it does not exist), upgraded to today's
+    field names (``upgraded``)."""
     data = read_json(path, default={"runs": []})
     if not isinstance(data, dict) or not isinstance(data.get("runs", []), list):
         raise ValueError(
             f"{path} must hold a JSON object with a list of 'runs', got {type(data).__name__}"
         )
-    return data.get("runs", [])
+    return [upgraded(r) for r in data.get("runs", [])]
 
 
 def run_sweep(specs: list[RunSpec], path, *, progress: bool = False, on_result=None, jobs: int = 1):

@@ -38,6 +38,7 @@ class TrainConfig:
     seed: int = 0
     device: str = "cpu"
     comm: str | None = None  # data-parallel: gradsift.lab.comm.COMMS (None: by density)
+    fsdp: bool = False  # several ranks: shard the model with FSDP2 instead of DDP
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -137,7 +138,8 @@ class Setup:
     """One process's part of a run: what ``train_run`` drives and checkpoints.
 
     ``model`` is evaluated and saved; ``forward`` is what trains (the model itself, or
-    its ``DistributedDataParallel`` wrapper); ``hook_state`` is the DDP hook's state.
+    its ``DistributedDataParallel`` wrapper); ``hook_state`` is the DDP hook's state;
+    ``eval_all_ranks``: evaluation is a collective (FSDP2), not rank 0's alone.
     """
 
     model: nn.Module
@@ -149,6 +151,7 @@ class Setup:
     rank: int = 0
     world: int = 1
     hook_state: object = None
+    eval_all_ranks: bool = False  # a sharded model: every rank takes part in evaluation
 
 
 def _warn_if_diverged(history: list) -> None:
@@ -183,7 +186,8 @@ def train_run(
 
     def on_epoch(epoch: int, train_loss: float) -> None:
         clock["train"] += time.perf_counter() - clock["mark"]
-        metrics = evaluate(setup.model, test_set, device=setup.device) if setup.rank == 0 else {}
+        evaluates = setup.rank == 0 or setup.eval_all_ranks
+        metrics = evaluate(setup.model, test_set, device=setup.device) if evaluates else {}
         history.append(
             {
                 "epoch": epoch + 1,
@@ -211,7 +215,7 @@ def train_run(
         progress=progress,
     )
     final = history[-1] if history else {}
-    if setup.rank == 0 and not history:
+    if (setup.rank == 0 or setup.eval_all_ranks) and not history:
         final = evaluate(setup.model, test_set, device=setup.device)
     return {
         "test_accuracy": final.get("accuracy"),

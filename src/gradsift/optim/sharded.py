@@ -32,16 +32,16 @@ finiteness flag, then the selection's (``gradsift.select.sharded.selection_bytes
 
 from __future__ import annotations
 
-import math
 from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
 
 from gradsift.optim.grads import GradSet
+from gradsift.select.dtensor import dtensor_layout, is_sharded
 from gradsift.select.sharded import sharded_topk_mask
 
-__all__ = ["ShardedGrads", "dtensor_layout", "grad_set", "is_sharded"]
+__all__ = ["ShardedGrads", "grad_set"]
 
 
 def grad_set(params, state_names: tuple[str, ...], touched, state: dict):
@@ -50,64 +50,6 @@ def grad_set(params, state_names: tuple[str, ...], touched, state: dict):
     if is_sharded(params):
         return ShardedGrads(params, state_names, state)
     return GradSet(params, state_names, touched)
-
-
-def _dtensor_type():
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:  # torch without distributed
-        return None
-    return DTensor
-
-
-def is_sharded(params) -> bool:
-    """Whether ``params`` are ``DTensor`` s (all or none: a mix raises)."""
-    dt = _dtensor_type()
-    flags = [dt is not None and isinstance(p, dt) for p in params]
-    if any(flags) and not all(flags):
-        raise ValueError(
-            "params mix DTensor (sharded) and plain tensors: wrap every trained module "
-            "with fully_shard, or none"
-        )
-    return bool(flags) and all(flags)
-
-
-def dtensor_layout(params) -> tuple[object, list[tuple[int, int, bool]]]:
-    """The selection group and, per parameter, ``(global start, local numel,
-    replicated)`` in the global order of the module doc."""
-    from torch.distributed.tensor import Replicate, Shard
-
-    mesh, shard_dim, out, base = params[0].device_mesh, None, [], 0
-    for p in params:
-        if p.device_mesh != mesh:
-            raise ValueError("every sharded parameter must live on the same device mesh")
-        shards = [i for i, pl in enumerate(p.placements) if isinstance(pl, Shard)]
-        others_ok = all(isinstance(pl, Replicate | Shard) for pl in p.placements)
-        if len(shards) > 1 or not others_ok or any(p.placements[i].dim != 0 for i in shards):
-            raise ValueError(
-                f"parameter placements {p.placements} are not supported: Shard(0) on one "
-                "mesh dimension and Replicate on the others (FSDP2, HSDP), or Replicate"
-            )
-        local = p.to_local()
-        if shards:
-            shard_dim = shards[0] if shard_dim is None else shard_dim
-            if shards[0] != shard_dim:
-                raise ValueError("every parameter must be sharded along the same mesh dimension")
-            row = math.prod(p.shape[1:])  # p[0] on a DTensor would communicate
-            first = _first_row(p)
-            out.append((base + first * row, local.numel(), False))
-        else:
-            out.append((base, local.numel(), True))
-        base += p.numel()
-    group = mesh.get_group(shard_dim if shard_dim is not None else 0)
-    return group, out
-
-
-def _first_row(p) -> int:
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-
-    _, offset = compute_local_shape_and_global_offset(p.shape, p.device_mesh, p.placements)
-    return int(offset[0]) if offset else 0
 
 
 class ShardedGrads:

@@ -17,6 +17,7 @@ from gradsift.pruning.registry import (
 from gradsift.pruning.report import SparsityReport, sparsity_report
 from gradsift.pruning.sampling import class_balanced_sample
 from gradsift.pruning.sanity import SANITY
+from gradsift.pruning.sharded import hold_masks
 
 BUDGETS = ALLOCATIONS  # the older name, kept for one release
 
@@ -28,6 +29,7 @@ __all__ = [
     "apply_masks_",
     "class_balanced_sample",
     "get_method",
+    "hold_masks",
     "layer_counts",
     "layer_densities",
     "list_methods",

@@ -51,29 +51,41 @@ ALLOCATIONS = ("global", "uniform", "er", "erk", "uniform+dense-first")
 AllocationSpec = str | Callable
 
 
-def check_allocation(allocation, scope: str | None = None, *, budget=None) -> AllocationSpec:
-    """``allocation`` validated (None: from ``scope``, whose ``"layer"`` means
-    ``"uniform"``; both given must agree). ``budget``: its older name, accepted for
-    one release with a ``DeprecationWarning`` ("budget" now means only how many
-    coordinates a top-k keeps, ``gradsift.budget.Budget``)."""
+_SCOPE_ALLOCATION = {"global": "global", "layer": "uniform"}
+
+
+def _deprecated_alias(old: str, value, allocation, message: str):
+    """``allocation`` from an older keyword ``old=value`` (with a ``DeprecationWarning``
+    naming ``allocation=``); both given must agree."""
+    warnings.warn(message, DeprecationWarning, stacklevel=4)
+    if allocation is not None and allocation != value:
+        raise ValueError(f"{old} and allocation={allocation!r} disagree; give allocation= only")
+    return value
+
+
+def check_allocation(allocation, *, scope: str | None = None, budget=None) -> AllocationSpec:
+    """``allocation`` validated (None: ``"global"``). Two older names are accepted for
+    one release with a ``DeprecationWarning``, and must agree with ``allocation`` when
+    both are given: ``budget`` (same values; "budget" now means only how many
+    coordinates a top-k keeps, ``gradsift.budget.Budget``) and pruning's ``scope``
+    (``"global"`` is ``"global"``, ``"layer"`` is ``"uniform"``; ``TopK(scope=)``,
+    where each tensor selects alone, is another idea)."""
     if budget is not None:
-        warnings.warn(
+        allocation = _deprecated_alias(
+            f"budget={budget!r}",
+            budget,
+            allocation,
             "budget= (the layer allocation) is deprecated; use allocation= (same values)",
-            DeprecationWarning,
-            stacklevel=3,
         )
-        if allocation is not None and allocation != budget:
-            raise ValueError(
-                f"budget={budget!r} and allocation={allocation!r} disagree; give allocation="
-            )
-        allocation = budget
     if scope is not None:
-        implied = {"global": "global", "layer": "uniform"}[check_scope(scope)]
-        if allocation is not None and allocation != implied:
-            raise ValueError(
-                f"scope={scope!r} and allocation={allocation!r} disagree; give allocation= only"
-            )
-        allocation = implied
+        implied = _SCOPE_ALLOCATION[check_scope(scope)]
+        allocation = _deprecated_alias(
+            f"scope={scope!r}",
+            implied,
+            allocation,
+            f'pruning\'s scope= is deprecated; use allocation= (scope="{scope}" is '
+            f'allocation="{implied}")',
+        )
     if allocation is None:
         return "global"
     if callable(allocation):

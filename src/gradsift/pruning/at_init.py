@@ -27,6 +27,8 @@ from gradsift.pruning.registry import checked_options, get_method, run_criterion
 from gradsift.pruning.sampling import replayable
 from gradsift.pruning.sanity import check_sanity, inverted, sanity_masks_
 from gradsift.pruning.schedules import round_sparsities
+from gradsift.pruning.sharded import prune_shards
+from gradsift.pruning.sharded_scoring import is_sharded_model
 
 __all__ = ["prune_at_init", "round_sparsities"]
 
@@ -67,7 +69,8 @@ def prune_at_init(
             (default) ranks all layers together; ``"uniform"``, ``"er"``, ``"erk"``,
             ``"uniform+dense-first"`` or a callable fix each layer's exact count and
             rank within it (``gradsift.pruning.allocation``).
-        scope: the older name: ``"layer"`` is ``allocation="uniform"``.
+        scope: deprecated older name of ``allocation`` (a ``DeprecationWarning``):
+            ``"global"`` is ``"global"``, ``"layer"`` is ``"uniform"``.
         iterations: rounds of score-then-prune (SynFlow uses 100). A method with its own
             schedule (``get_method(m).takes_sparsity``) runs it within each round.
         schedule: ``"exponential"`` (density ``ρ^(i/n)``) or ``"linear"``.
@@ -92,9 +95,20 @@ def prune_at_init(
     such a criterion's masks are installed once its rounds are done. What
     ``torch.nn.utils.prune`` keeps afterwards (a mask buffer and the masked
     ``weight`` beside ``weight_orig``) is twice the selected weights' bytes.
+
+    Sharded models (FSDP2, ``DTensor`` parameters): scored on the shards, masks chosen
+    globally (equal to the unsharded model's), multiplied into the local shards
+    instead of ``torch.nn.utils.prune`` and returned as ``DTensor`` s; keep them
+    applied while training with ``gradsift.pruning.hold_masks``. Only global
+    allocation, no sanity variant, no ``min_per_layer`` (``gradsift.pruning.sharded``).
     """
+    if is_sharded_model(model):  # FSDP2: no torch.nn.utils.prune (pruning.sharded)
+        refused = dict(allocation=allocation, scope=scope, budget=budget, sanity=sanity)
+        refused.update(min_per_layer=min_per_layer, shuffle=shuffle)  # generator: for those
+        kw = dict(iterations=iterations, schedule=schedule, params=params, refused=refused)
+        return prune_shards(model, method, sparsity, data, **kw, **options)
     check_sparsity(sparsity)
-    allocation = check_allocation(allocation, scope, budget=budget)
+    allocation = check_allocation(allocation, scope=scope, budget=budget)
     sanity = check_sanity(sanity, shuffle)
     targets = round_sparsities(sparsity, iterations, schedule)
     if sparsity == 0:

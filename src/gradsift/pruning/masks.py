@@ -60,7 +60,9 @@ def masks_from_scores(
         allocation: ``"global"`` (default: one ranking over all layers), ``"uniform"``,
             ``"er"``, ``"erk"``, ``"uniform+dense-first"`` or a callable: fixed
             per-layer counts, ranked within each layer (``gradsift.pruning.allocation``).
-        scope: the older name: ``"global"``, or ``"layer"`` for ``allocation="uniform"``.
+        scope: deprecated older name of ``allocation`` (a ``DeprecationWarning``):
+            ``"global"`` is ``"global"``, ``"layer"`` is ``"uniform"``. (Not ``TopK``'s
+            ``scope=``, which says where a top-k's size applies.)
         previous: masks already installed; their zeros stay zero (the count removed
             is then at least what they removed).
         min_per_layer: keep at least this many weights in every layer (the best
@@ -83,7 +85,7 @@ def masks_from_scores(
     masks = select(
         scores,
         sparsity,
-        allocation=check_allocation(allocation, scope, budget=budget),
+        allocation=check_allocation(allocation, scope=scope, budget=budget),
         previous=previous,
         min_per_layer=min_per_layer,
         workspace=workspace,
@@ -117,7 +119,7 @@ def select(
     alive, offset = {}, 0
     for n in names:
         part = flat[offset : offset + scores[n].numel()]
-        alive[n] = _fill_keys_(part, scores[n], None if previous is None else previous.get(n))
+        alive[n] = fill_keys_(part, scores[n], None if previous is None else previous.get(n))
         offset += part.numel()
         if consume:
             del scores[n]
@@ -141,7 +143,7 @@ def _split(flat: torch.Tensor, shapes: dict, fn) -> dict[str, torch.Tensor]:
     return out
 
 
-def _key_dtype(scores: dict) -> torch.dtype:
+def key_dtype(scores: dict) -> torch.dtype:
     dtype = torch.float32
     for s in scores.values():
         dtype = torch.promote_types(dtype, s.dtype)
@@ -162,7 +164,7 @@ def _in_place(scores: dict, names: list, owned: bool, untouched: bool) -> torch.
 
 def _buffer(workspace: dict | None, scores: dict, names: list) -> torch.Tensor:
     n = sum(scores[name].numel() for name in names)
-    dtype, device = _key_dtype(scores), scores[names[0]].device
+    dtype, device = key_dtype(scores), scores[names[0]].device
     buf = None if workspace is None else workspace.get("flat")
     if buf is None or buf.numel() != n or buf.device != device or buf.dtype != dtype:
         buf = torch.empty(n, dtype=dtype, device=device)
@@ -182,7 +184,7 @@ def _live_floor(dtype: torch.dtype) -> float:
     return float(np.nextafter(np_dtype(torch.finfo(dtype).min), np_dtype(0)))
 
 
-def _fill_keys_(part: torch.Tensor, score: torch.Tensor, previous) -> int:
+def fill_keys_(part: torch.Tensor, score: torch.Tensor, previous) -> int:
     """Write ``score``'s keys into ``part``; return how many weights are alive."""
     if part.data_ptr() != score.data_ptr():  # scores ranked in place need no copy
         part.copy_(score.detach().reshape(-1))

@@ -26,6 +26,7 @@ from torch import nn
 
 from gradsift.pruning.params import Selector, original, private_copy, prunable
 from gradsift.pruning.sampling import replayable
+from gradsift.pruning.sharded_scoring import is_sharded_model, preserved
 
 __all__ = [
     "Method",
@@ -57,6 +58,9 @@ class Method:
     (SynFlow linearises them); False (SNIP: it only differentiates) lets the copy's
     parameters share the caller's storage (``private_copy(share_weights=True)``).
     Registered criteria default to True, the safe side.
+    ``sharded``: the criterion's form for a sharded model (FSDP2, ``DTensor``
+    parameters; ``gradsift.pruning.sharded_scoring``), same signature and options, run
+    on the caller's model and returning ``DTensor`` scores; None: it cannot run sharded.
     """
 
     name: str
@@ -66,6 +70,7 @@ class Method:
     paper_iterations: int = 1
     reads_only: bool = False
     writes_weights: bool = True
+    sharded: Callable | None = None
 
     @property
     def takes_sparsity(self) -> bool:
@@ -89,6 +94,7 @@ def register_method(
     paper_iterations: int = 1,
     reads_only: bool = False,
     writes_weights: bool = True,
+    sharded: Callable | None = None,
     replace: bool = False,
 ) -> Method:
     """Register ``fn`` as criterion ``name`` (see the module docstring for its
@@ -100,7 +106,14 @@ def register_method(
     if name in _METHODS and not replace:
         raise ValueError(f"method {name!r} is already registered (pass replace=True)")
     method = Method(
-        name, fn, dict(defaults or {}), rescorer, paper_iterations, reads_only, writes_weights
+        name,
+        fn,
+        dict(defaults or {}),
+        rescorer,
+        paper_iterations,
+        reads_only,
+        writes_weights,
+        sharded,
     )
     unknown = sorted(set(method.defaults) - set(method.options()))
     if unknown:
@@ -163,7 +176,9 @@ def score(
     coverage warning, for ``prune_at_init``'s rounds, which warn once themselves.)
 
     Args:
-        model: any ``nn.Module``; it is not modified.
+        model: any ``nn.Module``; it is not modified. A sharded model (FSDP2,
+            ``DTensor`` parameters) is scored on its shards by the method's sharded
+            form and gets ``DTensor`` scores (``gradsift.pruning.sharded_scoring``).
         method: one of ``list_methods()``.
         data: an iterable of ``(inputs, targets)`` batches (a DataLoader; a one-pass
             generator is read once and replayed, ``gradsift.pruning.sampling``).
@@ -194,12 +209,19 @@ def run_criterion(
 ) -> dict[str, torch.Tensor]:
     """``score``; ``warn=False`` leaves out the default selection's coverage warning."""
     entry = get_method(method)
+    sharded = is_sharded_model(model)  # the one place that decides
+    if sharded:
+        check_shardable(entry)
     options = checked_options(method, options)
     data = replayable(data)
     prunable(model, params, warn=warn)  # validate names (and warn) on the caller's model
     devices = [d for d in {p.device for p in model.parameters()} if d.type == "cuda"]
     with torch.random.fork_rng(devices=devices):
-        if entry.reads_only:  # no copy and no autograd: it only reads
+        if sharded:  # on the caller's model, put back as it was
+            targets = prunable(model, params, warn=False)
+            with torch.no_grad() if entry.reads_only else preserved(model):
+                scores = entry.sharded(model, targets, data, **options)
+        elif entry.reads_only:  # no copy and no autograd: it only reads
             targets = prunable(model, params, warn=False)
             with torch.no_grad():
                 scores = entry.fn(model, targets, data, **options)
@@ -208,6 +230,16 @@ def run_criterion(
             scores = entry.fn(work, targets, data, **options)
     _check_scores(method, scores, targets)
     return {name: scores[name].detach() for name in targets}
+
+
+def check_shardable(entry: Method) -> None:
+    """Raise ``ValueError`` naming ``entry`` when it has no sharded form."""
+    if entry.sharded is None:
+        able = sorted(n for n, m in _METHODS.items() if m.sharded is not None)
+        raise ValueError(
+            f"method {entry.name!r} cannot score a sharded model (FSDP2, DTensor "
+            f"parameters); the methods that can: {able}"
+        )
 
 
 def _check_scores(method: str, scores: dict, targets: dict) -> None:

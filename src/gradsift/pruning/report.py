@@ -70,11 +70,19 @@ class SparsityReport:
 
 
 def sparsity_report(model: nn.Module, *, params: Selector = None) -> SparsityReport:
-    """Kept/total weights per prunable layer (default: Linear and Conv weights)."""
+    """Kept/total weights per prunable layer (default: Linear and Conv weights).
+
+    A sharded model (FSDP2, ``DTensor`` weights: masks multiplied into the shards,
+    ``gradsift.pruning.sharded``) counts its nonzero weights instead, a collective:
+    call it on every rank."""
     layers = []
     for name, (module, attr) in prunable(model, params, warn=False).items():
         mask = mask_of(module, attr)
-        total = original(module, attr).numel()
-        kept = total if mask is None else int((mask != 0).sum())
+        w = original(module, attr)
+        total = w.numel()
+        if hasattr(w, "full_tensor"):  # a DTensor: the global count of nonzeros
+            kept = int((w.detach() != 0).sum().full_tensor())
+        else:
+            kept = total if mask is None else int((mask != 0).sum())
         layers.append(LayerDensity(name, total, kept))
     return SparsityReport(layers)

@@ -14,8 +14,8 @@ NeurIPS 2020, arXiv:2009.11094. Each variant keeps the total kept count exact:
   layer's own initial values (a random permutation of them: the same distribution,
   whatever initialiser made it, and no tie to the scores).
 - ``"invert"``: every round ranks the negated scores, keeping what the criterion
-  calls least important under the same budget (per-layer counts kept under a
-  layer-wise budget; under ``"global"`` the inverted ranking sets them).
+  calls least important under the same allocation (per-layer counts kept under a
+  layer-wise allocation; under ``"global"`` the inverted ranking sets them).
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ from gradsift.lab.bench import (
     prune_memory,
     scoring,
     selection,
+    sharded_bytes,
     step,
     ties,
 )
@@ -24,6 +25,7 @@ BENCHES = {
     "ties": (ties.bench_ties, ties.COLUMNS),
     "iteration": (iteration.bench_iteration, iteration.COLUMNS),
     "prune-memory": (prune_memory.bench_prune_memory, prune_memory.COLUMNS),
+    "sharded": (sharded_bytes.bench_sharded_bytes, sharded_bytes.COLUMNS),
 }
 
 __all__ = ["BENCHES"]

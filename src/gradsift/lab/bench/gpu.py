@@ -114,7 +114,7 @@ def bench_select_gpu(sizes=SELECT_SIZES, repeats: int = 7, device: str = "cuda",
     for n in sizes:
         x = torch.randn(n, generator=gen, device=dev)
         copy_ms = _median_ms(lambda: torch.empty_like(x).copy_(x), repeats, dev)  # noqa: B023
-        for k in sorted({max(1, int(n * d)) for d in DENSITIES}):
+        for k in sorted({resolve_k(n, density=d) for d in DENSITIES}):
             t = torch.topk(x.abs(), k).values[-1]
             times = {
                 "auto_ms": lambda: topk_indices(x, k),  # noqa: B023

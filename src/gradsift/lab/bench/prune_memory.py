@@ -47,7 +47,7 @@ COLUMNS = columns(
 
 ANCHOR = "torch global_unstructured L1"
 CASES = (ANCHOR, "magnitude", "snip", "synflow", "random", "grasp")
-_ITERATIONS = {"synflow": 10}  # the issue's budget: 10 SynFlow rounds
+_ITERATIONS = {"synflow": 10}  # as the issue sets it: 10 SynFlow rounds
 
 
 def _model(width: int, depth: int, device: str) -> nn.Module:
@@ -93,9 +93,7 @@ def measure(case: str, width: int, depth: int, sparsity: float, device: str) -> 
         options = supported_options(
             case, num_classes=10, samples_per_class=2, chunk_size=10, input_shape=(width,)
         )
-        prune_at_init(
-            model, case, sparsity, data, iterations=_ITERATIONS.get(case, 1), **options
-        )
+        prune_at_init(model, case, sparsity, data, iterations=_ITERATIONS.get(case, 1), **options)
         F.cross_entropy(model(data[0][0]), data[0][1])  # the pruned model runs
     if device == "cuda":
         torch.cuda.synchronize()

@@ -13,6 +13,7 @@ import statistics
 import torch
 
 from gradsift import TopK, topk_indices
+from gradsift.budget import resolve_k
 from gradsift.lab.bench.step import resnet18_shapes
 from gradsift.lab.bench.timing import interleaved_ms, median_ms, ratio
 from gradsift.lab.tables import columns
@@ -79,7 +80,7 @@ def _step_row(density: float, repeats: int, gen, shapes) -> dict:
     return {
         "case": "TopK step, 99% pruned vs unpruned",
         "n": n,
-        "k": max(1, round(density * n)),
+        "k": resolve_k(n, density=density),
         "ours_ms": statistics.median(t["pruned"]),
         "baseline_ms": statistics.median(t["dense"]),
         "ours_over_base": ratio(t["pruned"], t["dense"]),

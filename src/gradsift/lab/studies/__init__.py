@@ -10,7 +10,7 @@ the same code path that the tests run.
 5. ``ddp``: distributed top-k under emulated bandwidth limits.
 6. ``agreement``: SNIP and GraSP against the authors' code on a BatchNorm ResNet-20.
 7. ``mnist``: accuracy vs sparsity on MNIST-5k (LeNet-300-100, LeNet-5-Caffe), every
-   method under the global and ERK budgets, with sanity variants.
+   method under the global and ERK layer allocations, with sanity variants.
 """
 
 from __future__ import annotations

@@ -2,15 +2,15 @@
 MNIST networks, LeNet-300-100 and LeNet-5-Caffe (Lee, Ajanthan & Torr, "SNIP:
 Single-shot Network Pruning based on Connection Sensitivity", ICLR 2019,
 arXiv:1810.02340, Table 2), every registered method under the global and the ERK
-budget (Evci et al. 2020, arXiv:1911.11134; random under ERK is Liu et al. 2022,
+layer allocation (Evci et al. 2020, arXiv:1911.11134; random under ERK is Liu et al. 2022,
 arXiv:2202.02643), 3 seeds, and the sanity variants of Frankle et al. 2021
-(arXiv:2009.08576) under the global budget.
+(arXiv:2009.08576) under the global allocation.
 
 Sized for about an hour on 2 CPU cores (see ``PLAN``): LeNet-5-Caffe costs about 8x
 LeNet-300-100 per epoch, so it trains fewer epochs on fewer sparsities and gets two
 sanity variants at one sparsity. ``shuffle-global`` is left out on purpose: a global
 permutation of any mask is a uniformly random subset of the same size, which is
-exactly ``random`` under the global budget, already in the table.
+exactly ``random`` under the global allocation, already in the table.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from gradsift.lab.studies.common import accuracy_cell, mean_accuracy, paper_roun
 from gradsift.lab.tables import Column, render
 from gradsift.lab.training import TrainConfig
 
-BUDGETS = ("global", "erk")
+ALLOCATIONS = ("global", "erk")
 SEEDS = (0, 1, 2)
 
 
@@ -38,7 +38,7 @@ class Plan:
     epochs: int
     lr: float  # LeNet-5-Caffe (no ReLU after its convs) diverges above ~0.01 at Kaiming init
     sparsities: tuple
-    sanity: tuple  # variants run under the global budget ...
+    sanity: tuple  # variants run under the global allocation ...
     sanity_sparsities: tuple  # ... at these sparsities
 
 
@@ -73,7 +73,9 @@ def _quick(plan: Plan) -> Plan:
     return Plan(plan.model, plan.title, 1, plan.lr, (0.9,), plan.sanity, (0.9,))
 
 
-def _spec(p: Plan, quick: bool, method=None, sparsity=0.0, budget="global", sanity=None, seed=0):
+def _spec(
+    p: Plan, quick: bool, method=None, sparsity=0.0, allocation="global", sanity=None, seed=0
+):
     return RunSpec(
         model=p.model,
         dataset="mnist5k",
@@ -82,20 +84,20 @@ def _spec(p: Plan, quick: bool, method=None, sparsity=0.0, budget="global", sani
         iterations=paper_rounds(method, quick) if method else 1,
         seed=seed,
         train=TrainConfig(epochs=p.epochs, lr=p.lr),
-        budget=budget,
+        allocation=allocation,
         sanity=sanity,
     )
 
 
 def specs(plans, methods, seeds, quick: bool) -> list[RunSpec]:
-    """Dense references, then every method x budget x sparsity, then the sanity
+    """Dense references, then every method x allocation x sparsity, then the sanity
     variants, network by network (the cheap network first)."""
     out = []
     for p in plans:
         out += [_spec(p, quick, seed=s) for s in seeds]
         for m in methods:
-            for b in BUDGETS:
-                out += [_spec(p, quick, m, x, b, seed=s) for x in p.sparsities for s in seeds]
+            for a in ALLOCATIONS:
+                out += [_spec(p, quick, m, x, a, seed=s) for x in p.sparsities for s in seeds]
         for m in methods:
             for v in p.sanity:
                 out += [
@@ -107,22 +109,22 @@ def specs(plans, methods, seeds, quick: bool) -> list[RunSpec]:
 
 
 def _cells(runs) -> dict:
-    """The records of each (model, method, budget, variant, sparsity)."""
+    """The records of each (model, method, allocation, variant, sparsity)."""
     cells = defaultdict(list)
     for r in runs:
-        cells[(r["model"], r["method"], r["budget"], r["sanity"], r["sparsity"])].append(r)
+        cells[(r["model"], r["method"], r["allocation"], r["sanity"], r["sparsity"])].append(r)
     return cells
 
 
 def accuracy_table(plan: Plan, methods, cells) -> str:
-    """Test accuracy (%) per method, budget and variant (rows) and sparsity (columns)."""
+    """Test accuracy (%) per method, allocation and variant (rows) and sparsity (columns)."""
     rows = [["dense", "", accuracy_cell(cells[(plan.model, "unpruned", "global", None, 0.0)])]]
     rows[0] += [""] * (len(plan.sparsities) - 1)
     for m in methods:
-        for b in BUDGETS:
+        for a in ALLOCATIONS:
             rows.append(
-                [m, b]
-                + [accuracy_cell(cells[(plan.model, m, b, None, x)]) for x in plan.sparsities]
+                [m, a]
+                + [accuracy_cell(cells[(plan.model, m, a, None, x)]) for x in plan.sparsities]
             )
         for v in plan.sanity:
             key = (plan.model, m, "global")
@@ -130,14 +132,14 @@ def accuracy_table(plan: Plan, methods, cells) -> str:
                 [f"{m} ({v})", "global"]
                 + [accuracy_cell(cells[(*key, v, x)]) for x in plan.sparsities]
             )
-    columns = [Column(0, "method"), Column(1, "budget")]
+    columns = [Column(0, "method"), Column(1, "allocation")]
     columns += [Column(i + 2, f"{100 * x:g}%") for i, x in enumerate(plan.sparsities)]
     epochs = f"{plan.epochs} epoch" + ("s" if plan.epochs > 1 else "")
     return f"**{plan.title}**, {epochs}\n\n" + render(rows, columns, markdown=True)
 
 
 def sanity_table(plans, methods, cells) -> str:
-    """Accuracy of each sanity variant minus the method's own (global budget), in
+    """Accuracy of each sanity variant minus the method's own (global allocation), in
     points, mean over seeds: Frankle et al.'s question in one number per cell."""
     rows, headers = [], []
     for p in plans:
@@ -163,11 +165,11 @@ def snip_table(plans, cells) -> str:
         for x in p.sparsities[-2:]:
             row = [p.title, f"{100 * x:g}%", accuracy_cell(dense, error=True)]
             row += [
-                accuracy_cell(cells[(p.model, "snip", b, None, x)], error=True) for b in BUDGETS
+                accuracy_cell(cells[(p.model, "snip", a, None, x)], error=True) for a in ALLOCATIONS
             ]
             rows.append(row)
     columns = [Column(0, "network"), Column(1, "sparsity"), Column(2, "dense error (%)")]
-    columns += [Column(3 + i, f"SNIP {b} error (%)") for i, b in enumerate(BUDGETS)]
+    columns += [Column(3 + i, f"SNIP {a} error (%)") for i, a in enumerate(ALLOCATIONS)]
     return render(rows, columns, markdown=True)
 
 
@@ -183,12 +185,12 @@ def mnist(out: Path, *, quick: bool = False, jobs: int = 1):
         [r for r in runs if r["method"] != "unpruned"],
         out / "mnist.png",
         title="MNIST-5k, pruned at init (dashed: sanity variants)",
-        panel=lambda r: f"{titles[r['model']]}, {r['budget']} budget",
+        panel=lambda r: f"{titles[r['model']]}, {r['allocation']} allocation",
     )
     cells = _cells(runs)
     md = "\n".join(accuracy_table(p, methods, cells) for p in plans)
     md += DIVERGED_NOTE
-    md += "\nSanity variants minus the method itself (accuracy points, global budget):\n\n"
+    md += "\nSanity variants minus the method itself (accuracy points, global allocation):\n\n"
     md += sanity_table(plans, methods, cells)
     md += "\nTest error beside SNIP's Table 2 sparsities:\n\n" + snip_table(plans, cells)
     result = training_result("mnist", quick, max(p.epochs for p in plans), list(seeds), runs)

@@ -24,6 +24,7 @@ _QUICK = {
     },
     "iteration": {"repeats": 1},
     "prune-memory": {"cases": (ANCHOR, "magnitude"), "width": 128, "depth": 2},
+    "sharded": {"sizes": (100_000,)},
 }
 
 

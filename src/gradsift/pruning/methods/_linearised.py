@@ -28,13 +28,23 @@ from torch import nn
 from torch.nn.utils import prune
 
 from gradsift.pruning.flat import flat_views
-from gradsift.pruning.inputs import refuse_token_ids
+from gradsift.pruning.inputs import real_inputs, refuse_token_ids
 from gradsift.pruning.methods._linear_flow import scoring_forward
 from gradsift.pruning.params import mask_of, original, owners
 
-__all__ = ["Linearised"]
+__all__ = ["Linearised", "input_shape_of"]
 
 _BIASES = ("bias", "bias_orig")
+
+
+def input_shape_of(data, input_shape, split_batch, method: str) -> tuple:
+    """The shape of one input (without the batch dimension) for a data-free criterion:
+    ``input_shape``, or read off the first batch of ``data``."""
+    if input_shape is not None:
+        return tuple(input_shape)
+    if data is None:
+        raise ValueError(f"{method} needs input_shape= or data= to know the input shape")
+    return tuple(real_inputs(data, method, split_batch).shape[1:])
 
 
 class Linearised:

@@ -4,10 +4,12 @@ arXiv:1506.02626), here applied at initialisation."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from gradsift.pruning.flat import flat_like
-from gradsift.pruning.params import mask_of, original
+from gradsift.pruning.params import effective, mask_of, original
 from gradsift.pruning.registry import register_method
 
 
@@ -18,25 +20,27 @@ def magnitude(model, targets, data=None):
     dtype), which the selection ranks where it lies: one copy of the weights in all.
     """
     weights = [original(m, a) for m, a in targets.values()]
-    if len({w.device for w in weights}) > 1:  # spread over devices: one buffer each
-        return {n: _abs_into(w.abs(), m, a) for n, w, (m, a) in _rows(targets, weights)}
-    dtype = torch.float32
-    for w in weights:
-        dtype = torch.promote_types(dtype, w.dtype)
-    views = flat_like(weights, dtype=dtype)
-    return {
-        name: _abs_into(torch.abs(w, out=view), m, a)
-        for (name, w, (m, a)), view in zip(_rows(targets, weights), views)
-    }
+    if len({w.device for w in weights}) > 1:  # spread over devices: a tensor each
+        views = [
+            torch.empty_like(w, dtype=torch.promote_types(w.dtype, torch.float32)) for w in weights
+        ]
+    else:
+        dtype = functools.reduce(torch.promote_types, [w.dtype for w in weights], torch.float32)
+        views = flat_like(weights, dtype=dtype)
+    for view, w, (m, a) in zip(views, weights, targets.values()):
+        if view.dtype == w.dtype:
+            torch.abs(w.detach(), out=view)
+        else:  # bfloat16 or float16 weights: their |θ| in float32, exactly
+            view.copy_(w).abs_()
+        if mask_of(m, a) is not None:
+            view.mul_(mask_of(m, a))
+    return dict(zip(targets, views))
 
 
-def _rows(targets: dict, weights: list):
-    return [(name, w, ma) for (name, ma), w in zip(targets.items(), weights)]
+def magnitude_sharded(model, targets, data=None):
+    """``magnitude`` on a sharded model: ``|θ|`` of each rank's shard is that rank's
+    part of the scores (``DTensor`` s like the weights)."""
+    return {name: effective(m, a).abs() for name, (m, a) in targets.items()}
 
 
-def _abs_into(scores: torch.Tensor, module, attr: str) -> torch.Tensor:
-    mask = mask_of(module, attr)
-    return scores if mask is None else scores.mul_(mask)
-
-
-register_method("magnitude", magnitude, reads_only=True)
+register_method("magnitude", magnitude, reads_only=True, sharded=magnitude_sharded)

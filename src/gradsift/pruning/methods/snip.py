@@ -21,9 +21,10 @@ import torch.nn.functional as F  # noqa: N812
 from gradsift.checks import check_choice
 from gradsift.pruning.gradients import accumulate_, grad_buffers, release_
 from gradsift.pruning.inputs import forward, num_samples
-from gradsift.pruning.params import device_of, mask_of
+from gradsift.pruning.params import device_of, mask_of, original
 from gradsift.pruning.registry import register_method
 from gradsift.pruning.sampling import BATCH_WEIGHTINGS, batch_weight, batches, need_data
+from gradsift.pruning.sharded_scoring import like, local, rank0_gradients, share
 
 
 def snip(
@@ -72,4 +73,47 @@ def snip(
     return dict(zip(targets, grads))
 
 
-register_method("snip", snip, writes_weights=False)
+def snip_sharded(
+    model,
+    targets,
+    data=None,
+    *,
+    loss_fn=F.cross_entropy,
+    num_batches: int | None = 1,
+    batch_weighting: str = "size",
+    split_batch=None,
+):
+    """``snip`` on a sharded model (FSDP2), scored on the shards; the same options.
+
+    Batches: every rank must pass the **same** ``data``, the batches single-process
+    SNIP would read. The gradient is rank 0's, reduced exactly
+    (``sharded_scoring.rank0_gradients``: the other ranks run the same forward and
+    backward for FSDP's collectives and contribute zeros), so the scores are
+    single-process SNIP's bit for bit with one batch or batches of equal size
+    (weights ``w_b = 1``); with unequal batch weights the loss is scaled by ``w_b``
+    before the backward instead of the gradient after it, equal up to rounding.
+    """
+    need_data(data, "snip")
+    check_choice("batch_weighting", batch_weighting, BATCH_WEIGHTINGS)
+    model.train()
+    for m, a in targets.values():
+        original(m, a).requires_grad_(True)
+    first, total, mine = None, 0.0, share()
+    with rank0_gradients(model):
+        for x, y in batches(data, device_of(model), num_batches, split_batch):
+            first = first or batch_weight(num_samples(y), batch_weighting)
+            w = batch_weight(num_samples(y), batch_weighting) / first
+            loss = loss_fn(forward(model, x), y)
+            (loss if w == 1 and mine == 1 else loss * (w * mine)).backward()
+            total += w
+    if first is None:
+        raise ValueError("data yielded no batches")
+    with torch.no_grad():
+        out = {}
+        for name, (m, a) in targets.items():
+            p = original(m, a)
+            out[name] = like(local(p.grad).div(total).mul_(local(p)).abs_(), p)
+        return out
+
+
+register_method("snip", snip, writes_weights=False, sharded=snip_sharded)

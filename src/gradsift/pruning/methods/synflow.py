@@ -21,20 +21,12 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from gradsift.pruning.inputs import real_inputs
-from gradsift.pruning.methods._linearised import Linearised
+from gradsift.pruning.methods._linearised import Linearised, input_shape_of
+from gradsift.pruning.methods.synflow_sharded import synflow_sharded
 from gradsift.pruning.params import Selector, private_copy
 from gradsift.pruning.registry import register_method
 
 __all__ = ["linearised_rescorer", "linearised_scores", "synflow", "synflow_rescorer"]
-
-
-def _input_shape(data, input_shape, split_batch, method):
-    if input_shape is not None:
-        return tuple(input_shape)
-    if data is None:
-        raise ValueError(f"{method} needs input_shape= or data= to know the input shape")
-    return tuple(real_inputs(data, method, split_batch).shape[1:])
 
 
 def _name(power: int) -> str:
@@ -45,7 +37,7 @@ def linearised_scores(model, targets, data, input_shape, dtype, power, split_bat
     """Score the linearised (``power=1``) or squared (``power=2``) network of a
     private copy (``gradsift.pruning.methods._linearised``): one forward and one
     backward in ``dtype``, the scores in one flat buffer."""
-    input_shape = _input_shape(data, input_shape, split_batch, _name(power))
+    input_shape = input_shape_of(data, input_shape, split_batch, _name(power))
     return Linearised(model, targets, dtype, power, _name(power)).scores(input_shape)
 
 
@@ -57,7 +49,7 @@ def linearised_rescorer(model, data, *, params, input_shape, dtype, power, split
     which gives the same forward pass and, times the zeroed weights, the same scores
     as masks installed with ``torch.nn.utils.prune``; the scores are written over
     ``φ``, so the round holds one buffer of the weights' size in ``dtype``."""
-    shape = _input_shape(data, input_shape, split_batch, _name(power))
+    shape = input_shape_of(data, input_shape, split_batch, _name(power))
     work, targets = private_copy(model, params, share_weights=True)
     net = Linearised(work, targets, dtype, power, _name(power))
     fresh = [True]  # φ as built; every later round's scores overwrote it
@@ -71,9 +63,7 @@ def linearised_rescorer(model, data, *, params, input_shape, dtype, power, split
     return rescore
 
 
-def synflow(
-    model, targets, data=None, *, input_shape=None, dtype=torch.float64, split_batch=None
-):
+def synflow(model, targets, data=None, *, input_shape=None, dtype=torch.float64, split_batch=None):
     """θ ⊙ ∂R/∂θ with R the sum of the linearised network's output on ones; ``data``
     (or ``input_shape``) gives only the input's shape (``split_batch`` as in snip)."""
     return linearised_scores(model, targets, data, input_shape, dtype, 1, split_batch)
@@ -101,5 +91,10 @@ def synflow_rescorer(
 
 
 register_method(
-    "synflow", synflow, rescorer=synflow_rescorer, paper_iterations=100, writes_weights=False
+    "synflow",
+    synflow,
+    rescorer=synflow_rescorer,
+    paper_iterations=100,
+    writes_weights=False,
+    sharded=synflow_sharded,
 )

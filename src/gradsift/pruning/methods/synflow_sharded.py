@@ -1,0 +1,77 @@
+"""SynFlow on a sharded model (FSDP2: ``DTensor`` parameters), scored on the model
+itself rather than a linearised copy (FSDP gathers its own parameters; a copy would
+not be sharded): SynFlow (Tanaka et al. 2020, arXiv:2006.05467) with ``|θ|`` swapped
+into the local shards, biases and BatchNorm means zeroed and eval mode, all put back
+by ``gradsift.score`` (``sharded_scoring.preserved``)."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+
+from gradsift.pruning.inputs import refuse_token_ids
+from gradsift.pruning.methods._linearised import input_shape_of
+from gradsift.pruning.params import original
+from gradsift.pruning.sharded_scoring import like, local, rank0_gradients, share
+
+__all__ = ["synflow_sharded"]
+
+log = logging.getLogger(__name__)
+
+
+def _flow_only_(model: nn.Module, power: int) -> None:
+    """The linearised network in place in each tensor's local part (the shards):
+    ``|θ|^power`` for every weight, 0 for every bias and BatchNorm mean."""
+    with torch.no_grad():
+        for module in model.modules():
+            for attr, p in module.named_parameters(recurse=False):
+                if attr in ("bias", "bias_orig"):
+                    local(p).zero_()
+                else:
+                    local(p).abs_().pow_(power)
+            if (
+                isinstance(module, nn.modules.batchnorm._NormBase)
+                and module.running_mean is not None
+            ):
+                module.running_mean.zero_()
+                if power == 2:
+                    module.running_var.add_(module.eps).square_().sub_(module.eps)
+
+
+def synflow_sharded(
+    model, targets, data=None, *, input_shape=None, dtype=torch.float64, split_batch=None
+):
+    """``synflow`` on a sharded model (FSDP2), on the model itself: ``|θ|`` swapped
+    into the local shards, biases and BatchNorm means zeroed, eval mode (all put back
+    by ``score``), one forward on ones and one backward, the gradient reduced exactly
+    (``sharded_scoring.rank0_gradients``).
+
+    Precision: the **model's dtype**; ``dtype`` is not used (the shards FSDP gathers
+    cannot change dtype). A float64 model gives single-process SynFlow's scores and
+    masks bit for bit; a float32 model gives single-process SynFlow with
+    ``dtype=torch.float32``, which can rank differently from the float64 default
+    where scores are within float32 rounding of each other, or underflow or overflow
+    (the product of ``|θ|`` over many layers).
+    """
+    shape = input_shape_of(data, input_shape, split_batch, "synflow")
+    p0 = next(iter(model.parameters()))
+    if dtype != p0.dtype:
+        log.info("sharded synflow computes in the model's %s, not %s", p0.dtype, dtype)
+    model.eval()
+    _flow_only_(model, 1)
+    refuse_token_ids(model, "synflow")
+    for m, a in targets.values():
+        original(m, a).requires_grad_(True)
+    ones = torch.ones((1, *shape), dtype=p0.dtype, device=local(p0).device)
+    mine = share()
+    with rank0_gradients(model):
+        out = model(ones).sum()
+        (out if mine == 1 else out * mine).backward()
+    with torch.no_grad():
+        scores = {}
+        for name, (m, a) in targets.items():
+            phi = original(m, a)
+            scores[name] = like(local(phi.grad).mul(local(phi)), phi)
+        return scores
