@@ -141,3 +141,28 @@ class Dangling(nn.Module):
 def test_a_weight_that_does_not_reach_the_output_is_a_clear_error(method):
     with pytest.raises(ValueError, match=r"'unused.weight'\] do not reach the output"):
         gradsift.score(Dangling(), method, input_shape=(4,))
+
+
+def test_the_linearised_network_is_freed_without_the_garbage_collector(monkeypatch):
+    """Its float64 weights are the largest buffer of a SynFlow prune: nothing may hold
+    them in a reference cycle once pruning returns (a cycle waits for ``gc``)."""
+    import gc
+    import weakref
+
+    from gradsift.pruning.methods import _linearised
+
+    seen = []
+    init = _linearised.Linearised.__init__
+
+    def recording(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        seen.append(weakref.ref(self.phis[0]))
+
+    monkeypatch.setattr(_linearised.Linearised, "__init__", recording)
+    gc.collect()
+    gc.disable()
+    try:
+        gradsift.prune_at_init(mlp(), "synflow", 0.5, iterations=3, input_shape=(12,))
+        assert seen and all(ref() is None for ref in seen)
+    finally:
+        gc.enable()

@@ -13,6 +13,8 @@ bit for bit autograd's), and returns no weight gradient. With several input rows
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
@@ -53,9 +55,13 @@ class ScoringLinear(torch.autograd.Function):
 
 
 def scoring_forward(module: nn.Linear, power: int, done):
-    """A ``forward`` for ``module`` (a plain ``nn.Linear`` whose weight is ``φ``)."""
+    """A ``forward`` for ``module`` (a plain ``nn.Linear`` whose weight is ``φ``); it
+    holds the module weakly, so that the module and its forward form no cycle (which
+    would keep ``φ`` alive until the garbage collector runs)."""
+    ref = weakref.ref(module)
 
     def forward(x):
-        return ScoringLinear.apply(x, module.weight, module.bias, power, done)
+        m = ref()
+        return ScoringLinear.apply(x, m.weight, m.bias, power, done)
 
     return forward

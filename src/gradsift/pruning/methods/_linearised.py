@@ -67,7 +67,8 @@ class Linearised:
             for m, a in held:  # every holder of a tie
                 _unprune_(m, a, phi)
             if type(module) is nn.Linear and attr == "weight" and len(held) == 1:
-                done = functools.partial(self._reach, i)  # scores itself in backward
+                # no reference to self from the copy: no cycle keeping φ alive
+                done = functools.partial(_reach, self.reached, self.names, method, i)
                 module.forward = scoring_forward(module, power, done)
         _private_rest_(work, {id(p) for p in self.phis}, dtype, power)
         refuse_token_ids(work, method)
@@ -94,7 +95,7 @@ class Linearised:
 
     def scores(self, input_shape) -> dict[str, torch.Tensor]:
         """``|θ| ⊙ ∂R/∂φ`` written over ``φ``; ``R`` the output sum on ones."""
-        self.reached = [False] * len(self.phis)
+        self.reached[:] = [False] * len(self.phis)
         handles = []
         for i, phi in enumerate(self.phis):
             phi.requires_grad_(True)
@@ -125,16 +126,17 @@ class Linearised:
             if self.power == 2:
                 phi.sqrt_()
             phi.mul_(g)
-        self._reach(i)
-
-    def _reach(self, i: int) -> None:
-        if self.reached[i]:  # a score written twice would be a product of two
-            raise RuntimeError(f"{self.method}: {self.names[i]} was scored twice")
-        self.reached[i] = True
+        _reach(self.reached, self.names, self.method, i)
 
     def _device(self) -> torch.device:
         p = next(self.work.parameters(), None)
         return p.device if p is not None else torch.device("cpu")
+
+
+def _reach(reached: list, names: list, method: str, i: int) -> None:
+    if reached[i]:  # a score written twice would be a product of two
+        raise RuntimeError(f"{method}: {names[i]} was scored twice")
+    reached[i] = True
 
 
 def _unprune_(module: nn.Module, attr: str, param: nn.Parameter) -> None:
