@@ -26,7 +26,7 @@ from torch import nn
 from torch.nn.utils import prune
 
 from gradsift.budget import kept_count
-from gradsift.checks import check_float, check_int, has_nan
+from gradsift.checks import check_float, check_int
 from gradsift.pruning.allocation import check_allocation, layer_counts
 from gradsift.pruning.flat import shared_flat
 from gradsift.pruning.params import mask_of, original, owners, prunable
@@ -104,25 +104,27 @@ def select(
     consume: bool = False,
 ) -> dict[str, torch.Tensor]:
     """``masks_from_scores`` as boolean masks; ``consume=True`` removes each score from
-    ``scores`` once copied into the flat buffer, so that a caller which owns the dict
-    never holds the scores and their flat copy at once."""
+    ``scores`` once copied into the flat buffer (and each mask from ``previous`` once
+    read), so that a caller which owns the dicts never holds the scores and their
+    flat copy at once, nor the previous masks beside the new ones."""
     check_sparsity(sparsity)
     min_per_layer = check_int("min_per_layer", min_per_layer, minimum=0)
     names = list(scores)
     shapes = {n: scores[n].shape for n in names}
-    for n in names:
-        if has_nan(scores[n]):
-            raise ValueError(f"scores[{n!r}] contains NaN; cannot rank it")
     flat = _in_place(scores, names, consume, previous is None and not min_per_layer)
     if flat is None:
         flat = _buffer(workspace, scores, names)
     alive, offset = {}, 0
     for n in names:
         part = flat[offset : offset + scores[n].numel()]
-        alive[n] = fill_keys_(part, scores[n], None if previous is None else previous.get(n))
+        old = None if previous is None else previous.get(n)
+        alive[n] = fill_keys_(part, scores[n], old, name=f"scores[{n!r}]")
         offset += part.numel()
         if consume:
             del scores[n]
+            if previous is not None:
+                previous.pop(n, None)
+            del old
     if allocation != "global":
         counts = layer_counts(shapes, sparsity, allocation, caps=alive, floor=min_per_layer)
         return _split(flat, shapes, lambda part, n: _keep_top(part, counts[n]))
@@ -184,11 +186,16 @@ def _live_floor(dtype: torch.dtype) -> float:
     return float(np.nextafter(np_dtype(torch.finfo(dtype).min), np_dtype(0)))
 
 
-def fill_keys_(part: torch.Tensor, score: torch.Tensor, previous) -> int:
-    """Write ``score``'s keys into ``part``; return how many weights are alive."""
+def fill_keys_(part: torch.Tensor, score: torch.Tensor, previous, name: str = "scores") -> int:
+    """Write ``score``'s keys into ``part``; return how many weights are alive.
+    Raises ``ValueError`` naming ``name`` on a NaN score."""
     if part.data_ptr() != score.data_ptr():  # scores ranked in place need no copy
         part.copy_(score.detach().reshape(-1))
-    part.clamp_(min=_live_floor(part.dtype))
+    low = part.amin() if part.numel() else None  # one read: NaN and the floor at once
+    if low is not None and bool(torch.isnan(low)):
+        raise ValueError(f"{name} contains NaN; cannot rank it")
+    if low is not None and bool(low < _live_floor(part.dtype)):
+        part.clamp_(min=_live_floor(part.dtype))
     if previous is None:
         return part.numel()
     alive = previous.detach().reshape(-1).to(part.device)
