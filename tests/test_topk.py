@@ -335,17 +335,3 @@ def test_numpy_and_tensor_integers_are_accepted_as_k():
     expected = topk_indices(x, 3)
     assert torch.equal(topk_indices(x, np.int64(3)), expected)
     assert torch.equal(topk_indices(x, torch.tensor(3)), expected)
-
-
-@pytest.mark.parametrize("k", [1_000, 150_000, 299_000])
-def test_topk_mask_ties_inside_the_bracket(monkeypatch, k):
-    """Many keys tied at the cut inside a proper sample bracket: the one-pass mask keeps
-    the lowest-index ties (and is the path that ran)."""
-    x = torch.randint(0, 500, (300_000,), generator=torch.Generator().manual_seed(k)).double()
-    ran = []
-    real = _topk_exact._bracketed_mask
-    monkeypatch.setattr(
-        _topk_exact, "_bracketed_mask", lambda key, k: ran.append(r := real(key, k)) or r
-    )
-    check_mask(x, k, absolute=False)
-    assert ran and ran[0] is not None

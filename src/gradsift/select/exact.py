@@ -65,10 +65,6 @@ def exact(keys: torch.Tensor, idx: torch.Tensor | None, k: int) -> torch.Tensor:
 
 def top_mask(key: torch.Tensor, k: int) -> torch.Tensor:
     """Boolean mask of the top ``k`` of ``key`` (no NaN), lowest-index ties."""
-    if key.numel() >= DENSE_BELOW:
-        mask = _bracketed_mask(key, k)
-        if mask is not None:
-            return mask
     v = kth_largest(key, k)
     at_least = key >= v
     if int(torch.count_nonzero(at_least)) == k:  # no surplus ties at v: the usual case
@@ -78,39 +74,6 @@ def top_mask(key: torch.Tensor, k: int) -> torch.Tensor:
     need = k - int(torch.count_nonzero(chosen))
     chosen[equal_positions(key, v, need)] = True
     return chosen
-
-
-def _bracketed_mask(key: torch.Tensor, k: int) -> torch.Tensor | None:
-    """``top_mask`` in one pass over ``key`` when the sample bracket holds the k-th
-    largest (else None): each chunk's ``key > hi`` is written straight into the
-    mask, the keys inside ``[lo, hi]`` are kept with their positions, and the k-th
-    largest among those decides which of them join (ties at it: the lowest
-    positions, which the chunks list in ascending order)."""
-    lo, hi = _bracket(key, k)
-    if lo == hi:  # a plateau: kth_largest counts it without listing its positions
-        return None
-    mask = torch.empty(key.numel(), dtype=torch.bool, device=key.device)
-    above_hi, values, positions = 0, [], []
-    for start in range(0, key.numel(), CHUNK):  # chunks keep the temporaries in cache
-        c = key[start : start + CHUNK]
-        above = torch.gt(c, hi, out=mask[start : start + CHUNK])
-        above_hi += int(torch.count_nonzero(above))  # .sum() would copy to int64
-        # lo <= c <= hi; nonzero + index_select beats boolean indexing on the CPU
-        pos = torch.ge(c, lo).logical_and_(above.logical_not()).nonzero().squeeze(1)
-        values.append(c.index_select(0, pos))
-        positions.append(pos.add_(start))
-    values, positions = torch.cat(values), torch.cat(positions)
-    need = k - above_hi
-    if not 0 <= need <= values.numel():
-        return None  # the bracket missed (an unlucky sample)
-    if need == 0:
-        return mask
-    v = kth_full(values, need)
-    over = values > v
-    mask[positions[over]] = True
-    ties = positions[values == v][: need - int(torch.count_nonzero(over))]
-    mask[ties] = True
-    return mask
 
 
 def equal_positions(key: torch.Tensor, v, need: int) -> torch.Tensor:
