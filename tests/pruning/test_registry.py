@@ -88,3 +88,19 @@ def test_a_criterion_with_a_sparsity_option_gets_each_rounds_target():
         assert seen[2:] == [0.1, 0.2]
     finally:
         del _METHODS["targeted"]
+
+
+def test_scoring_a_plain_model_does_not_load_dtensor():
+    """Telling a sharded model from a plain one imports nothing: loading
+    ``torch.distributed.tensor`` costs tens of MB of resident memory."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch, gradsift\n"
+        "m = torch.nn.Sequential(torch.nn.Linear(4, 4))\n"
+        "gradsift.prune_at_init(m, 'magnitude', 0.5)\n"
+        "gradsift.score(m, 'snip', [(torch.randn(2, 4), torch.tensor([0, 1]))])\n"
+        "assert 'torch.distributed.tensor' not in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -13,6 +13,7 @@ on every rank and is counted once, by the selection group's first rank.
 from __future__ import annotations
 
 import math
+import sys
 
 __all__ = ["dtensor_layout", "dtensor_type", "is_sharded"]
 
@@ -26,8 +27,11 @@ def dtensor_type():
 
 
 def is_sharded(params) -> bool:
-    """Whether ``params`` are ``DTensor`` s (all or none: a mix raises)."""
-    dt = dtensor_type()
+    """Whether ``params`` are ``DTensor`` s (all or none: a mix raises). Imports
+    nothing: a ``DTensor`` exists only once ``torch.distributed.tensor`` is loaded
+    (importing it costs some 40 MB of resident memory)."""
+    loaded = sys.modules.get("torch.distributed.tensor")
+    dt = getattr(loaded, "DTensor", None)
     flags = [dt is not None and isinstance(p, dt) for p in params]
     if any(flags) and not all(flags):
         raise ValueError(
