@@ -253,12 +253,12 @@ def _study_parsers(sub) -> None:
     b.add_argument("--model", default="resnet18", help="ddp: the network")
     b.add_argument("--steps", type=_positive_int, default=13, help="ddp: steps (3 untimed)")
     b.add_argument("--batch", type=_positive_int, default=8, help="ddp: batch per rank")
-    b.add_argument(
-        "--width",
-        type=_positive_int,
-        default=4096,
-        help="prune-memory: the MLP's width (four Linear(width, width) layers)",
-    )
+    net = "prune-memory: an MLP, or a GPT-2 from a config (transformers; GPT-2-XL's shape)"
+    b.add_argument("--network", choices=("mlp", "gpt2"), default="mlp", help=net)
+    width = "prune-memory: the MLP's width (4096) or GPT-2's n_embd (1600)"
+    b.add_argument("--width", type=_positive_int, help=width)
+    depth = "prune-memory: the MLP's Linear layers (4) or GPT-2's n_layer (48)"
+    b.add_argument("--depth", type=_positive_int, help=depth)
     b.set_defaults(func=commands.bench)
 
 

@@ -252,7 +252,9 @@ def bench(args: argparse.Namespace) -> int:
         if args.what in ("select", "sharded") and args.sizes:
             options["sizes"] = args.sizes
         if args.what == "prune-memory":
-            options.update(device=args.device, width=args.width)
+            options.update(
+                device=args.device, network=args.network, width=args.width, depth=args.depth
+            )
         rows = run(**options)
     print(render(rows, columns))
     if args.json:

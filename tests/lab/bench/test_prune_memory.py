@@ -1,7 +1,11 @@
 """``gradsift bench prune-memory`` on a small MLP: every case runs in its own process
 and reports time and memory in multiples of the parameter bytes."""
 
-from gradsift.lab.bench.prune_memory import ANCHOR, bench_prune_memory
+import math
+
+import pytest
+
+from gradsift.lab.bench.prune_memory import ANCHOR, TRAIN_STEP, bench_prune_memory
 from gradsift.lab.cli import main
 
 
@@ -21,9 +25,33 @@ def test_prune_memory_command(capsys, monkeypatch):
     monkeypatch.setattr(pm, "CASES", (ANCHOR, "magnitude"))
     monkeypatch.setattr(pm.bench_prune_memory, "__defaults__", (1,))
     monkeypatch.setattr(pm.bench_prune_memory, "__kwdefaults__", {
-        "cases": (ANCHOR, "magnitude"), "width": 4096, "depth": 2, "sparsity": 0.9,
-        "device": "cpu",
+        "cases": (ANCHOR, "magnitude"), "network": "mlp", "width": 4096, "depth": 2,
+        "sparsity": 0.9, "device": "cpu",
     })  # fmt: skip
     assert main(["bench", "prune-memory", "--repeats", "1", "--width", "128"]) == 0
     out = capsys.readouterr().out
     assert "magnitude" in out and "time/anchor" in out
+
+
+def test_prune_memory_on_a_gpt2_from_a_config():
+    """The transformer table's cases on a two-layer GPT-2: the data-driven and data-free
+    methods that apply prune, SynFlow and GraSP refuse token ids in one message, and a
+    training step is the yardstick."""
+    pytest.importorskip("transformers")
+    cases = (ANCHOR, "magnitude", "snip", "synflow", "grasp", TRAIN_STEP)
+    rows = bench_prune_memory(1, cases=cases, network="gpt2", width=64, depth=2)
+    by = {r["case"]: r for r in rows}
+    # the selected weights: 2 blocks x (attn 64x192 + proj 64x64 + fc 64x256 + proj 256x64)
+    # and the tied output projection (50257 x 64), float32
+    assert by[ANCHOR]["param_bytes"] == 4 * (2 * (64 * 192 + 64 * 64 + 2 * 64 * 256) + 50257 * 64)
+    for case in (ANCHOR, "magnitude", "snip", TRAIN_STEP):
+        assert by[case]["seconds"] > 0 and by[case]["note"] == "", case
+    assert by["synflow"]["iterations"] == 100 and math.isnan(by["synflow"]["seconds"])
+    assert "token ids" in by["synflow"]["note"]
+    assert math.isnan(by["grasp"]["seconds"])
+    assert "one class index per sample" in by["grasp"]["note"]
+
+
+def test_prune_memory_refuses_an_unknown_network():
+    with pytest.raises(ValueError, match="network must be one of"):
+        bench_prune_memory(1, network="vgg")

@@ -1,13 +1,18 @@
 """``gradsift bench prune-memory``: time and extra peak memory of pruning a large model
 with each method, against ``torch.nn.utils.prune.global_unstructured(L1Unstructured)``.
 
-The model is an MLP of four ``Linear(4096, 4096)`` layers (67M weights) on the CPU.
-Each case runs in a fresh process (``spawn``), so that one case's freed memory, kept by
-the allocator, does not hide the next one's: the process builds the model and its
-batch, resets the kernel's peak-RSS mark (``gradsift.lab.bench.memory``), prunes, and
-reports the peak and the retained resident memory above the mark, in multiples of
-the model's parameter bytes, and the wall time. On a GPU (``device="cuda"``) the
-memory is ``torch.cuda.max_memory_allocated`` above what was allocated before.
+The network (``gradsift.lab.bench.prune_networks``) is an MLP of four
+``Linear(4096, 4096)`` layers (67M weights), or with ``network="gpt2"`` a GPT-2 of
+GPT-2-XL's shape from a config (for a GPU), where the yardstick is also one of its own
+training steps (``training step (SGD)``: forward, backward and an SGD step). Each case
+runs in a fresh process (``spawn``), so that one case's freed memory, kept by the
+allocator, does not hide the next one's: the process builds the model and its batch,
+resets the kernel's peak-RSS mark (``gradsift.lab.bench.memory``), prunes, and reports
+the peak and the retained resident memory above the mark, in multiples of the bytes
+of the weights a pruning selects, and the wall time. On a GPU (``device="cuda"``) the
+memory is ``torch.cuda.max_memory_allocated`` above what was allocated before. A
+method that refuses the network (SynFlow and GraSP on token ids) gets NaN and its
+message.
 
 The masks that ``torch.nn.utils.prune`` installs are float tensors shaped like the
 weights, and it keeps the masked ``weight`` beside ``weight_orig``: every case retains
@@ -19,16 +24,16 @@ anchor, which computes and installs in one call, it is the whole peak).
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import statistics
 import time
 
 import torch
-import torch.nn.functional as F  # noqa: N812
-from torch import nn
 from torch.nn.utils import prune
 
 from gradsift.lab.bench.memory import peak_rss, reset_peak_rss
+from gradsift.lab.bench.prune_networks import NETWORKS, build
 from gradsift.lab.tables import columns
 
 __all__ = ["bench_prune_memory", "COLUMNS", "measure"]
@@ -42,20 +47,14 @@ COLUMNS = columns(
     extra_peak          extra peak (x params)  .2f
     masks_peak          before install (x params)  .2f
     retained            retained (x params)  .2f
+    note                note                 s
     """
 )
 
 ANCHOR = "torch global_unstructured L1"
+TRAIN_STEP = "training step (SGD)"
 CASES = (ANCHOR, "magnitude", "snip", "synflow", "random", "grasp")
-_ITERATIONS = {"synflow": 10}  # as the issue sets it: 10 SynFlow rounds
-
-
-def _model(width: int, depth: int, device: str) -> nn.Module:
-    torch.manual_seed(0)
-    layers: list[nn.Module] = []
-    for _ in range(depth):
-        layers += [nn.Linear(width, width), nn.ReLU()]
-    return nn.Sequential(*layers[:-1]).to(device)
+TRANSFORMER_CASES = (ANCHOR, "magnitude", "random", "snip", "synflow", "grasp", TRAIN_STEP)
 
 
 def _rss() -> int:
@@ -66,17 +65,25 @@ def _rss() -> int:
     raise RuntimeError("VmRSS not in /proc/self/status")
 
 
-def measure(case: str, width: int, depth: int, sparsity: float, device: str) -> dict:
-    """One case in this process: seconds, extra peak and retained memory (bytes)."""
+def iterations(case: str, network: str) -> int:
+    """SynFlow's rounds: the issue's 10 on the MLP, its paper's 100 on a transformer."""
+    return {"mlp": 10, "gpt2": 100}[network] if case == "synflow" else 1
+
+
+def measure(
+    case: str, width: int, depth: int, sparsity: float, device: str, network: str = "mlp"
+) -> dict:
+    """One case in this process: seconds, extra peak and retained memory (bytes); a
+    method that refuses the network gets NaN and its message."""
     from gradsift import prune_at_init
     from gradsift.pruning import supported_options
+    from gradsift.pruning.params import original, prunable
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    model = _model(width, depth, device)
-    gen = torch.Generator().manual_seed(0)
-    data = [(torch.randn(64, width, generator=gen).to(device), (torch.arange(64) % 10).to(device))]
-    weights = [m for m in model.modules() if isinstance(m, nn.Linear)]
-    param_bytes = sum(m.weight.numel() * m.weight.element_size() for m in weights)
+    work = build(network, width, depth, device)
+    targets = prunable(work.model, warn=False)
+    param_bytes = sum(original(m, a).numel() * original(m, a).element_size()
+                      for m, a in targets.values())  # fmt: skip
     if device == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -84,20 +91,30 @@ def measure(case: str, width: int, depth: int, sparsity: float, device: str) -> 
     else:
         before = reset_peak_rss()
     probe = _probe_installation(device)
-    start = time.perf_counter()
-    if case == ANCHOR:
-        prune.global_unstructured(
-            [(m, "weight") for m in weights], pruning_method=prune.L1Unstructured, amount=sparsity
-        )
-    else:
-        options = supported_options(
-            case, num_classes=10, samples_per_class=2, chunk_size=10, input_shape=(width,)
-        )
-        prune_at_init(model, case, sparsity, data, iterations=_ITERATIONS.get(case, 1), **options)
-        F.cross_entropy(model(data[0][0]), data[0][1])  # the pruned model runs
+    start, note = time.perf_counter(), ""
+    try:
+        if case == ANCHOR:
+            pairs = list(targets.values())
+            prune.global_unstructured(pairs, pruning_method=prune.L1Unstructured, amount=sparsity)
+        elif case == TRAIN_STEP:
+            opt = torch.optim.SGD(work.model.parameters(), lr=1e-3)
+            work.loss().backward()
+            opt.step()
+        else:
+            options = supported_options(
+                case, num_classes=10, samples_per_class=2, chunk_size=10,
+                input_shape=work.input_shape, loss_fn=work.loss_fn,
+            )  # fmt: skip
+            prune_at_init(
+                work.model, case, sparsity, work.data, iterations=iterations(case, network),
+                **options,
+            )  # fmt: skip
+            work.loss()  # the pruned model runs
+    except (ValueError, TypeError) as error:  # the method refuses this network
+        note = str(error).split(";")[0][:120]
     if device == "cuda":
         torch.cuda.synchronize()
-    seconds = time.perf_counter() - start
+    seconds = time.perf_counter() - start if not note else math.nan
     if device == "cuda":
         peak, now = torch.cuda.max_memory_allocated(), torch.cuda.memory_allocated()
     else:
@@ -108,6 +125,7 @@ def measure(case: str, width: int, depth: int, sparsity: float, device: str) -> 
         "masks_peak": (probe.get("peak", peak) - before) / param_bytes,
         "retained": (now - before) / param_bytes,
         "param_bytes": param_bytes,
+        "note": note,
     }
 
 
@@ -131,34 +149,45 @@ def _probe_installation(device: str) -> dict:
 def bench_prune_memory(
     repeats: int = 1,
     *,
-    cases=CASES,
-    width: int = 4096,
-    depth: int = 4,
+    cases=None,
+    network: str = "mlp",
+    width: int | None = None,
+    depth: int | None = None,
     sparsity: float = 0.9,
     device: str = "cpu",
 ) -> list[dict]:
     """Each case ``repeats`` times, each time in a fresh process, interleaved; the
-    median time and the largest peak; ``time/anchor`` the median of per-round ratios."""
+    median time and the largest peak; ``time/anchor`` the median of per-round ratios.
+    ``cases`` default to ``CASES`` (MLP) or ``TRANSFORMER_CASES``; ``width`` and
+    ``depth`` to the network's (``prune_networks.NETWORKS``)."""
+    if network not in NETWORKS:
+        raise ValueError(f"network must be one of {sorted(NETWORKS)}, got {network!r}")
+    cases = cases or (CASES if network == "mlp" else TRANSFORMER_CASES)
+    width, depth = width or NETWORKS[network][0], depth or NETWORKS[network][1]
     ctx = multiprocessing.get_context("spawn")
     runs: dict[str, list[dict]] = {c: [] for c in cases}
     for _ in range(repeats):
         for case in cases:
             with ctx.Pool(1) as pool:
-                runs[case].append(pool.apply(measure, (case, width, depth, sparsity, device)))
-    rows = []
-    for case in cases:
-        row = {
-            "case": case,
-            "iterations": _ITERATIONS.get(case, 1),
-            "seconds": statistics.median(r["seconds"] for r in runs[case]),
-            "extra_peak": max(r["extra_peak"] for r in runs[case]),
-            "masks_peak": max(r["masks_peak"] for r in runs[case]),
-            "retained": max(r["retained"] for r in runs[case]),
-            "param_bytes": runs[case][0]["param_bytes"],
-        }
-        if ANCHOR in runs:
-            row["over_anchor"] = statistics.median(
-                r["seconds"] / a["seconds"] for r, a in zip(runs[case], runs[ANCHOR])
-            )
-        rows.append(row)
-    return rows
+                args = (case, width, depth, sparsity, device, network)
+                runs[case].append(pool.apply(measure, args))
+    return [_row(case, runs, network) for case in cases]
+
+
+def _row(case: str, runs: dict, network: str) -> dict:
+    mine = runs[case]
+    row = {
+        "case": case,
+        "iterations": iterations(case, network) if case not in (ANCHOR, TRAIN_STEP) else 1,
+        "seconds": statistics.median(r["seconds"] for r in mine),
+        "extra_peak": max(r["extra_peak"] for r in mine),
+        "masks_peak": max(r["masks_peak"] for r in mine),
+        "retained": max(r["retained"] for r in mine),
+        "param_bytes": mine[0]["param_bytes"],
+        "note": mine[0]["note"],
+    }
+    if ANCHOR in runs:
+        row["over_anchor"] = statistics.median(
+            r["seconds"] / a["seconds"] for r, a in zip(mine, runs[ANCHOR])
+        )
+    return row
