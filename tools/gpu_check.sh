@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: probes, the CUDA/Triton tests, first-call cost, benches.
-# Usage (device tool): bash tools/gpu_check.sh [probe|tests|cold|select|step|...]...
+# Usage (device tool): bash tools/gpu_check.sh [tests|cold|select|step|iteration|prune|...]...
 # Logs go to $OUT (or ./gpu-out). Each part is bounded by its own timeout.
 set -uo pipefail
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
@@ -26,6 +26,12 @@ print(f'cold first call $dt: {t1 - t:.2f} s; first call at k=1%: {time.perf_coun
     quicktests) timeout 300 python3 -m pytest -q -x -p no:cacheprovider tests/gpu \
              tests/test_topk_triton.py tests/test_sparsify_triton.py -k "not property" 2>&1 \
              | tee "$OUT/tests.log" | tail -25 ;;
+    prune) timeout 300 python3 -m pytest -q -x -p no:cacheprovider tests/pruning/test_cuda.py \
+             2>&1 | tee "$OUT/prune-tests.log" | tail -25
+           timeout 300 python3 -m gradsift bench prune-memory --device cuda 2>&1 \
+             | tee "$OUT/prune-memory.log"
+           timeout 400 python3 -m gradsift bench prune-memory --network gpt2 --device cuda 2>&1 \
+             | tee "$OUT/prune-memory-gpt2.log" ;;
     *) timeout 300 bash -c "$part" 2>&1 | tee -a "$OUT/extra.log" ;;
   esac
 done
