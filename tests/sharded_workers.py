@@ -43,6 +43,15 @@ def run_world(target, world, *extra, deadline_s=120):
     return results
 
 
+def rank_results(results, world):
+    """``run_world``'s results in rank order, failing on a timeout or a rank's error."""
+    assert "timeout" not in results, results
+    out = [results[r] for r in range(world)]
+    for r in out:
+        assert not (isinstance(r, str) and r.startswith("error")), r
+    return out
+
+
 def _wrapped(target, rank, world, port, q, extra):
     try:
         init(rank, world, port)

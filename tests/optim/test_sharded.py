@@ -6,15 +6,7 @@ import pytest
 import torch
 
 import fsdp_workers as workers
-from sharded_workers import run_world
-
-
-def _results(results, world):
-    assert "timeout" not in results, results
-    out = [results[r] for r in range(world)]
-    for r in out:
-        assert not (isinstance(r, str) and r.startswith("error")), r
-    return out
+from sharded_workers import rank_results, run_world
 
 
 @pytest.mark.parametrize(
@@ -28,7 +20,7 @@ def _results(results, world):
     ],
 )
 def test_step_equals_single_process_topk_on_the_full_gradient(world, kw):
-    for report in _results(run_world(workers.step_matches_single_process, world, kw), world):
+    for report in rank_results(run_world(workers.step_matches_single_process, world, kw), world):
         for step, (same_params, same_state, kept, names) in enumerate(report):
             assert same_params, f"step {step}: parameters differ"
             assert same_state, f"step {step}: {names} differ"
@@ -42,10 +34,10 @@ def _equal(a, b):
 @pytest.mark.parametrize("load_world", [2, 3])
 def test_distributed_checkpoint_resumes_bit_for_bit(tmp_path, load_world):
     path = str(tmp_path / "ckpt")
-    saved = _results(run_world(workers.checkpoint_save, 2, path), 2)
+    saved = rank_results(run_world(workers.checkpoint_save, 2, path), 2)
     (at_save, at_end) = saved[0]
     assert torch.tensor(at_save[1][0]).abs().sum() > 0, "residuals must be non-trivial"
-    loaded = _results(run_world(workers.checkpoint_load, load_world, path), load_world)
+    loaded = rank_results(run_world(workers.checkpoint_load, load_world, path), load_world)
     for after_load, after_more in loaded:
         assert _equal(after_load, at_save), "the loaded state differs from the saved one"
         if load_world == 2:  # the same gradients: the same run

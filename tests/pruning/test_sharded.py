@@ -3,7 +3,7 @@
 import pytest
 
 import fsdp_workers as workers
-from sharded_workers import run_world
+from sharded_workers import rank_results, run_world
 
 
 @pytest.mark.parametrize(
@@ -19,14 +19,6 @@ def test_sharded_magnitude_masks_equal_single_process(world, sparsity, coarse):
 import torch  # noqa: E402
 
 import prune_fsdp_workers as prune_workers  # noqa: E402
-
-
-def _ok(results, world):
-    assert "timeout" not in results, results
-    out = [results[r] for r in range(world)]
-    for r in out:
-        assert not (isinstance(r, str) and r.startswith("error")), r
-    return out
 
 
 @pytest.mark.parametrize(
@@ -47,7 +39,7 @@ def _ok(results, world):
     ],
 )
 def test_prune_at_init_on_fsdp2_equals_single_process(world, method, dtype, hsdp, options):
-    for untouched, same_scores, same_masks, same_weights, kept, placements in _ok(
+    for untouched, same_scores, same_masks, same_weights, kept, placements in rank_results(
         run_world(prune_workers.masks_equal, world, method, dtype, hsdp, options), world
     ):
         assert untouched, "score changed the sharded model"
@@ -60,13 +52,15 @@ def test_prune_at_init_on_fsdp2_equals_single_process(world, method, dtype, hsdp
 
 @pytest.mark.parametrize("world, method", [(2, "magnitude"), (3, "random")])
 def test_replicated_parameters_are_ranked_once(world, method):
-    for same, placements in _ok(run_world(prune_workers.replicated_masks, world, method), world):
+    for same, placements in rank_results(
+        run_world(prune_workers.replicated_masks, world, method), world
+    ):
         assert same and all(same), same
         assert placements == "(Replicate(),)"
 
 
 def test_methods_and_options_without_a_sharded_form_refuse_before_any_work():
-    for messages, untouched in _ok(run_world(prune_workers.refusals, 2), 2):
+    for messages, untouched in rank_results(run_world(prune_workers.refusals, 2), 2):
         assert "'grasp' cannot score a sharded model" in messages[0], messages[0]
         assert "allocation='uniform' is not supported on a sharded model" in messages[1]
         assert untouched
@@ -74,7 +68,7 @@ def test_methods_and_options_without_a_sharded_form_refuse_before_any_work():
 
 @pytest.mark.parametrize("hold", [True, False])
 def test_hold_masks_keeps_pruned_weights_zero_under_topk(hold):
-    for revived, moved in _ok(run_world(prune_workers.train_keeps_masks, 2, hold), 2):
+    for revived, moved in rank_results(run_world(prune_workers.train_keeps_masks, 2, hold), 2):
         assert moved > 0
         if hold:
             assert revived == 0, f"{revived} pruned weights came back"
