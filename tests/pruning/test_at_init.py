@@ -139,6 +139,10 @@ def test_pruning_keeps_tied_weights_tied(method):
     assert list(masks) == ["a.weight", "decoder.weight"]
     assert sum(m.numel() for m in masks.values()) == 6 * 6 + 10 * 6
     assert _exact(masks, 0.5)
+    # the holders of a tied weight share one mask buffer, as they share the weight
+    assert model.embedding.weight_mask is model.decoder.weight_mask
+    assert model.a.weight_mask is model.b.weight_mask
+    assert {"embedding.weight_mask", "decoder.weight_mask"} <= set(model.state_dict())
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for x, y in data:
         opt.zero_grad()
@@ -152,6 +156,14 @@ def test_pruning_keeps_tied_weights_tied(method):
     twin = deepcopy_model(model)
     twin(data[0][0])
     assert torch.equal(twin.embedding.weight, twin.decoder.weight)
+    assert twin.embedding.weight_mask is twin.decoder.weight_mask
+    # pruning again ANDs into the shared buffer once per holder: idempotent for 0/1
+    again = {n: m.clone() for n, m in masks.items()}
+    again["a.weight"].view(-1)[:3] = 0
+    expected = again["a.weight"].clone()
+    gradsift.apply_masks_(model, again)
+    assert torch.equal(model.b.weight_mask, expected)
+    assert torch.equal(model.a.weight, model.a.weight_orig * expected)
 
 
 @pytest.mark.parametrize("budget", ALLOCATIONS)

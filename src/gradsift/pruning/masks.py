@@ -231,33 +231,46 @@ def _reserve_(flat: torch.Tensor, sizes: list[int], alive: dict, per_layer: int,
 def apply_masks_(
     model: nn.Module, masks: dict[str, torch.Tensor], *, replace: bool = False
 ) -> None:
-    """Install ``masks`` with ``torch.nn.utils.prune.custom_from_mask``.
+    """Install ``masks`` through ``torch.nn.utils.prune`` (what ``custom_from_mask``
+    installs: a ``*_mask`` buffer, ``*_orig`` and a forward pre-hook).
 
     A layer that is already pruned gets its ``*_mask`` buffer updated in place (one
     forward pre-hook per weight, never a growing chain of pruning containers): ANDed
     with the new mask, so pruned weights stay pruned, or overwritten with
     ``replace=True`` (a shuffled mask moves the kept positions). A tied weight is
-    masked in every module that holds it, and a parent that reads a pruned child's
-    weight directly (``nn.MultiheadAttention``) refreshes it (``pruning.shared``).
+    masked in every module that holds it, the holders pruned here sharing one mask
+    buffer (as they share the weight), and a parent that reads a pruned child's weight
+    directly (``nn.MultiheadAttention``) refreshes it (``pruning.shared``).
     """
     targets = prunable(model, list(masks))
     holders = owners(model)
     for name, (module, attr) in targets.items():
+        shared = None
         for m, a in holders[id(original(module, attr))]:  # every holder of a tied weight
-            _install(m, a, masks[name], replace)
+            shared = _install(m, a, masks[name], replace, shared)
     refresh_readers_(model)
 
 
-def _install(module: nn.Module, attr: str, mask: torch.Tensor, replace: bool) -> None:
+def _install(
+    module: nn.Module, attr: str, mask: torch.Tensor, replace: bool, shared=None
+) -> torch.Tensor:
+    """Install ``mask`` on ``module.attr``; return its mask buffer. ``shared``: the
+    buffer another holder of the same (tied) weight got, which a holder pruned here
+    takes as its own, already filled."""
     existing = mask_of(module, attr)
     if existing is None:
         # ``prune.identity`` then the mask copied into its buffer: what
         # ``custom_from_mask`` installs, without its two weight-sized temporaries
         prune.identity(module, attr)
         replace, existing = True, mask_of(module, attr)
+        if shared is not None and shared.shape == existing.shape:
+            module._buffers[attr + "_mask"] = existing = shared
+            mask = existing  # filled by the first holder
     with torch.no_grad():
         mask = mask.to(existing.device)
-        if replace:
+        if mask is existing:
+            pass
+        elif replace:
             existing.copy_(mask)
         elif mask.dtype == torch.bool:
             torch.where(mask, existing, existing.new_zeros(()), out=existing)
@@ -268,6 +281,7 @@ def _install(module: nn.Module, attr: str, mask: torch.Tensor, replace: bool) ->
         # the old one goes first, so the two never coexist
         delattr(module, attr)
         setattr(module, attr, getattr(module, attr + "_orig") * existing)
+    return existing
 
 
 def shuffle_masks(
