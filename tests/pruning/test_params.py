@@ -32,6 +32,22 @@ def test_pruned_names_stay_logical():
     assert torch.equal(twin[1].weight_mask, model[1].weight_mask)
 
 
+def test_a_copy_sharing_parameters_shares_the_weights_masks_and_masked_weights():
+    """``share_parameters=True`` copies no weight-sized tensor of a pruned model, also
+    after a forward pass (its masked weight is then a non-leaf tensor), and the copy's
+    parameters are its own objects."""
+    model = mlp()
+    gradsift.prune_at_init(model, "magnitude", 0.5)
+    model(torch.randn(2, 12, dtype=torch.float64))  # 1.weight is now orig * mask, non-leaf
+    twin = deepcopy_model(model, share_parameters=True)
+    for name in ("1", "3", "5"):
+        ours, theirs = getattr(model, name), getattr(twin, name)
+        for attr in ("weight_orig", "weight_mask", "weight"):
+            assert getattr(theirs, attr).data_ptr() == getattr(ours, attr).data_ptr(), attr
+        assert theirs.weight_orig is not ours.weight_orig
+    assert not model[1].weight.is_leaf  # put back as it was
+
+
 def test_scoring_keeps_model_identity():
     model = mlp()
     ref = copy.deepcopy(model)

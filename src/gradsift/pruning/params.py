@@ -201,16 +201,6 @@ def deepcopy_model(model: nn.Module, *, share_parameters: bool = False) -> nn.Mo
     pruning masks (``*_mask`` buffers) and masked weights; other buffers (BatchNorm's
     statistics) are copied.
     """
-    memo: dict = {}
-    if share_parameters:
-        for p in model.parameters():
-            memo[id(p)] = nn.Parameter(p.detach(), requires_grad=p.requires_grad)
-        for module in model.modules():
-            shared = [b for n, b in module._buffers.items() if n.endswith("_mask")]
-            shared += [v for v in vars(module).values() if isinstance(v, torch.Tensor)]
-            for t in shared:
-                if t is not None:
-                    memo[id(t)] = t.detach()
     swapped = []
     for module in model.modules():
         for attr, value in list(vars(module).items()):
@@ -218,10 +208,26 @@ def deepcopy_model(model: nn.Module, *, share_parameters: bool = False) -> nn.Mo
                 swapped.append((module, attr, value))
                 setattr(module, attr, value.detach())
     try:
-        return copy.deepcopy(model, memo)
+        return copy.deepcopy(model, _shared(model) if share_parameters else {})
     finally:
         for module, attr, value in swapped:
             setattr(module, attr, value)
+
+
+def _shared(model: nn.Module) -> dict:
+    """A ``deepcopy`` memo that maps each parameter to a new ``nn.Parameter`` over its
+    storage, and each mask buffer and plain tensor attribute (a masked weight, already
+    detached by ``deepcopy_model``) to itself."""
+    memo: dict = {}
+    for p in model.parameters():
+        memo[id(p)] = nn.Parameter(p.detach(), requires_grad=p.requires_grad)
+    for module in model.modules():
+        shared = [b for n, b in module._buffers.items() if n.endswith("_mask")]
+        shared += [v for v in vars(module).values() if isinstance(v, torch.Tensor)]
+        for t in shared:
+            if t is not None:
+                memo[id(t)] = t.detach()
+    return memo
 
 
 def private_copy(model: nn.Module, params: Selector = None, *, share_weights: bool = False):

@@ -32,9 +32,9 @@ from gradsift.pruning.inputs import real_inputs, refuse_token_ids
 from gradsift.pruning.methods._linear_flow import scoring_forward
 from gradsift.pruning.params import mask_of, original, owners
 
-__all__ = ["Linearised", "input_shape_of"]
+__all__ = ["BIASES", "Linearised", "input_shape_of", "linearise_norm_"]
 
-_BIASES = ("bias", "bias_orig")
+BIASES = ("bias", "bias_orig")  # zeroed: flow only through the weights
 
 
 def input_shape_of(data, input_shape, split_batch, method: str) -> tuple:
@@ -56,7 +56,7 @@ class Linearised:
         pairs = list(targets.values())
         self.sources = [original(m, a) for m, a in pairs]  # the caller's: read only
         self.installed = [mask_of(m, a) for m, a in pairs]
-        self.zero = [a in _BIASES for _, a in pairs]
+        self.zero = [a in BIASES for _, a in pairs]
         device = self.sources[0].device if self.sources else torch.device("cpu")
         views = flat_views([s.shape for s in self.sources], dtype, device)
         self.phis = [nn.Parameter(v, requires_grad=False) for v in views]
@@ -162,17 +162,17 @@ def _private_rest_(work: nn.Module, done: set[int], dtype, power: int) -> None:
             if id(p) not in made:
                 with torch.no_grad():
                     value = p.detach().to(dtype)
-                    value = torch.zeros_like(value) if attr in _BIASES else value.abs() ** power
+                    value = torch.zeros_like(value) if attr in BIASES else value.abs() ** power
                 made[id(p)] = nn.Parameter(value, requires_grad=False)
             module._parameters[attr] = made[id(p)]
         for key, buf in list(module._buffers.items()):
             if buf is not None and buf.is_floating_point():
                 module._buffers[key] = buf.to(dtype)
-        _linearise_norm_(module, power)
+        linearise_norm_(module, power)
     work.eval()
 
 
-def _linearise_norm_(module: nn.Module, power: int) -> None:
+def linearise_norm_(module: nn.Module, power: int) -> None:
     """BatchNorm in eval mode as a linear map: mean zeroed, and for ``power=2`` its
     scale ``γ/√(var+ε)`` squared (``var+ε`` squared)."""
     if isinstance(module, nn.modules.batchnorm._NormBase) and module.running_mean is not None:

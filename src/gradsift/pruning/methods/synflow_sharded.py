@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from gradsift.pruning.inputs import refuse_token_ids
-from gradsift.pruning.methods._linearised import input_shape_of
+from gradsift.pruning.methods._linearised import BIASES, input_shape_of, linearise_norm_
 from gradsift.pruning.params import original
 from gradsift.pruning.sharded_scoring import like, local, rank0_gradients, share
 
@@ -27,17 +27,11 @@ def _flow_only_(model: nn.Module, power: int) -> None:
     with torch.no_grad():
         for module in model.modules():
             for attr, p in module.named_parameters(recurse=False):
-                if attr in ("bias", "bias_orig"):
+                if attr in BIASES:
                     local(p).zero_()
                 else:
                     local(p).abs_().pow_(power)
-            if (
-                isinstance(module, nn.modules.batchnorm._NormBase)
-                and module.running_mean is not None
-            ):
-                module.running_mean.zero_()
-                if power == 2:
-                    module.running_var.add_(module.eps).square_().sub_(module.eps)
+            linearise_norm_(module, power)
 
 
 def synflow_sharded(
