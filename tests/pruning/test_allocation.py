@@ -232,8 +232,8 @@ def test_masks_rank_within_each_layer():
     for n, s in scores.items():
         assert int(masks[n].sum()) == counts[n]
         order = torch.sort(-s.reshape(-1), stable=True).indices[: counts[n]]
-        expected = torch.zeros(s.numel())
-        expected[order] = 1
+        expected = torch.zeros(s.numel(), dtype=torch.bool)
+        expected[order] = True
         torch.testing.assert_close(masks[n].reshape(-1), expected, rtol=0, atol=0)
 
 

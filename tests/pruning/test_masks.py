@@ -72,7 +72,7 @@ def test_previous_masks_are_monotone():
     first = {"a": torch.randn(50, generator=gen), "b": torch.randn(30, generator=gen)}
     m1 = masks_from_scores(first, 0.5)
     # new scores that favour exactly the pruned weights: they must stay pruned
-    second = {k: 1.0 - m + 0.01 * torch.rand(m.shape, generator=gen) for k, m in m1.items()}
+    second = {k: (~m).float() + 0.01 * torch.rand(m.shape, generator=gen) for k, m in m1.items()}
     m2 = masks_from_scores(second, 0.75, previous=m1)
     for k in m1:
         assert (m2[k] <= m1[k]).all()

@@ -5,7 +5,8 @@ reports."""
 from gradsift.pruning import methods  # noqa: F401  (registers the built-in criteria)
 from gradsift.pruning.allocation import ALLOCATIONS, layer_counts, layer_densities
 from gradsift.pruning.at_init import prune_at_init
-from gradsift.pruning.masks import apply_masks_, masks_from_scores, shuffle_masks
+from gradsift.pruning.install import apply_masks_
+from gradsift.pruning.masks import masks_from_scores, shuffle_masks
 from gradsift.pruning.registry import (
     get_method,
     list_methods,

@@ -21,7 +21,8 @@ from torch import nn
 
 from gradsift.budget import kept_count
 from gradsift.pruning.allocation import check_allocation
-from gradsift.pruning.masks import apply_masks_, check_sparsity, select
+from gradsift.pruning.install import install_masks_
+from gradsift.pruning.masks import check_sparsity, select
 from gradsift.pruning.params import Selector, mask_of, prunable
 from gradsift.pruning.registry import checked_options, get_method, run_criterion
 from gradsift.pruning.sampling import replayable
@@ -84,17 +85,19 @@ def prune_at_init(
         **options: passed to the scorer (see ``gradsift.score``).
 
     Returns:
-        ``{name: mask}``: the model's installed ``*_mask`` buffers themselves (0/1
-        tensors of the weight's dtype, on its device; not copies, so clone them to keep
-        a snapshot across later pruning). A weight pruned before stays pruned.
+        ``{name: mask}``: the model's installed ``*_mask`` buffers themselves
+        (``torch.bool``, ``True`` keeps, on the weight's device; a mask installed before
+        by ``torch.nn.utils.prune`` keeps its dtype; not copies, so clone them to keep a
+        snapshot across later pruning). A weight pruned before stays pruned.
 
     Memory: one round holds the scores or their one flat copy, never both whole
     (``gradsift.pruning.masks.select``; the flat buffer is not kept between rounds, so
     it never meets the next round's scores), a byte per weight for the boolean
     masks and, for a criterion with a rescorer (SynFlow, NTK-SAP), its private copy;
-    such a criterion's masks are installed once its rounds are done. What
-    ``torch.nn.utils.prune`` keeps afterwards (a mask buffer and the masked
-    ``weight`` beside ``weight_orig``) is twice the selected weights' bytes.
+    such a criterion's masks are installed once its rounds are done: the boolean
+    masks become the mask buffers (``gradsift.pruning.boolean_mask``), no copy. What
+    the pruned model keeps afterwards is a byte per weight for the mask and the masked
+    ``weight`` beside ``weight_orig``: 1.25x the bytes of float32 weights.
 
     Sharded models (FSDP2, ``DTensor`` parameters): scored on the shards, masks chosen
     globally (equal to the unsharded model's), multiplied into the local shards
@@ -137,9 +140,9 @@ def prune_at_init(
         )
         del scores
         if rescore is None and i < len(targets) - 1:  # the next round scores the model
-            apply_masks_(model, masks)
+            install_masks_(model, masks, owned=True)
     del rescore  # the rescorer's private copy
-    apply_masks_(model, masks)
+    install_masks_(model, masks, owned=True)
     sanity_masks_(model, masks, sanity, generator=generator)
     return {name: mask_of(m, a) for name, (m, a) in prunable(model, list(masks)).items()}
 
@@ -152,7 +155,11 @@ def _installed(model: nn.Module, params: Selector, sparsity: float) -> dict | No
     if all(mask is None for mask in found.values()):
         return None
     masks = {
-        name: (torch.ones_like(getattr(m, a)) if found[name] is None else found[name].clone())
+        name: (
+            torch.ones_like(getattr(m, a), dtype=torch.bool)
+            if found[name] is None
+            else found[name].clone()
+        )
         for name, (m, a) in targets.items()
     }
     total = sum(mask.numel() for mask in masks.values())

@@ -1,4 +1,4 @@
-"""Scores to masks, and masks into the model through ``torch.nn.utils.prune``.
+"""Scores to masks (``gradsift.pruning.install`` puts them into the model).
 
 Exactly ``round(sparsity * N)`` weights are removed: the kept set is an exact top-k
 of the scores (``gradsift.select.topk_mask`` with ``absolute=False``, since signed
@@ -22,18 +22,14 @@ import math
 
 import numpy as np
 import torch
-from torch import nn
-from torch.nn.utils import prune
 
 from gradsift.budget import kept_count
 from gradsift.checks import check_float, check_int
 from gradsift.pruning.allocation import check_allocation, layer_counts
 from gradsift.pruning.flat import shared_flat
-from gradsift.pruning.params import mask_of, original, owners, prunable
-from gradsift.pruning.shared import refresh_readers_
 from gradsift.select import topk_indices, topk_mask
 
-__all__ = ["masks_from_scores", "apply_masks_", "shuffle_masks", "check_sparsity", "select"]
+__all__ = ["masks_from_scores", "shuffle_masks", "check_sparsity", "select"]
 
 
 def check_sparsity(sparsity: float) -> float:
@@ -51,7 +47,7 @@ def masks_from_scores(
     workspace: dict | None = None,
     budget=None,
 ) -> dict[str, torch.Tensor]:
-    """Binary masks (same dtype as the weight would use: float) keeping the top scores.
+    """Boolean masks keeping the top scores (``True`` keeps).
 
     Args:
         scores: ``{name: score}``; higher keeps.
@@ -82,7 +78,7 @@ def masks_from_scores(
     (a live ``-inf`` ties with the lowest finite scores), so no infinite key reaches
     the selection.
     """
-    masks = select(
+    return select(
         scores,
         sparsity,
         allocation=check_allocation(allocation, scope=scope, budget=budget),
@@ -90,7 +86,6 @@ def masks_from_scores(
         min_per_layer=min_per_layer,
         workspace=workspace,
     )
-    return {n: m.float() for n, m in masks.items()}
 
 
 def select(
@@ -226,62 +221,6 @@ def _reserve_(flat: torch.Tensor, sizes: list[int], alive: dict, per_layer: int,
         raise ValueError(
             f"min_per_layer={per_layer} needs {reserved} weights but sparsity keeps only {keep}"
         )
-
-
-def apply_masks_(
-    model: nn.Module, masks: dict[str, torch.Tensor], *, replace: bool = False
-) -> None:
-    """Install ``masks`` through ``torch.nn.utils.prune`` (what ``custom_from_mask``
-    installs: a ``*_mask`` buffer, ``*_orig`` and a forward pre-hook).
-
-    A layer that is already pruned gets its ``*_mask`` buffer updated in place (one
-    forward pre-hook per weight, never a growing chain of pruning containers): ANDed
-    with the new mask, so pruned weights stay pruned, or overwritten with
-    ``replace=True`` (a shuffled mask moves the kept positions). A tied weight is
-    masked in every module that holds it, the holders pruned here sharing one mask
-    buffer (as they share the weight), and a parent that reads a pruned child's weight
-    directly (``nn.MultiheadAttention``) refreshes it (``pruning.shared``).
-    """
-    targets = prunable(model, list(masks))
-    holders = owners(model)
-    for name, (module, attr) in targets.items():
-        shared = None
-        for m, a in holders[id(original(module, attr))]:  # every holder of a tied weight
-            shared = _install(m, a, masks[name], replace, shared)
-    refresh_readers_(model)
-
-
-def _install(
-    module: nn.Module, attr: str, mask: torch.Tensor, replace: bool, shared=None
-) -> torch.Tensor:
-    """Install ``mask`` on ``module.attr``; return its mask buffer. ``shared``: the
-    buffer another holder of the same (tied) weight got, which a holder pruned here
-    takes as its own, already filled."""
-    existing = mask_of(module, attr)
-    if existing is None:
-        # ``prune.identity`` then the mask copied into its buffer: what
-        # ``custom_from_mask`` installs, without its two weight-sized temporaries
-        prune.identity(module, attr)
-        replace, existing = True, mask_of(module, attr)
-        if shared is not None and shared.shape == existing.shape:
-            module._buffers[attr + "_mask"] = existing = shared
-            mask = existing  # filled by the first holder
-    with torch.no_grad():
-        mask = mask.to(existing.device)
-        if mask is existing:
-            pass
-        elif replace:
-            existing.copy_(mask)
-        elif mask.dtype == torch.bool:
-            torch.where(mask, existing, existing.new_zeros(()), out=existing)
-        else:
-            existing.mul_(mask.to(existing))
-        # recompute ``weight = weight_orig * weight_mask`` without autograd history, so
-        # that the model deep-copies and pickles (the pre-hook redoes it every forward);
-        # the old one goes first, so the two never coexist
-        delattr(module, attr)
-        setattr(module, attr, getattr(module, attr + "_orig") * existing)
-    return existing
 
 
 def shuffle_masks(

@@ -16,6 +16,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from gradsift.pruning.boolean_mask import masked
 from gradsift.pruning.shared import refresh_readers_
 
 __all__ = [
@@ -153,10 +154,10 @@ def mask_of(module: nn.Module, attr: str) -> torch.Tensor | None:
 
 
 def effective(module: nn.Module, attr: str) -> torch.Tensor:
-    """The weight the forward pass uses: ``orig * mask`` when pruned."""
+    """The weight the forward pass uses: ``orig`` masked when pruned."""
     mask = mask_of(module, attr)
     w = original(module, attr)
-    return w if mask is None else w * mask
+    return w if mask is None else masked(w, mask)
 
 
 def owners(model: nn.Module) -> dict[int, list[tuple[nn.Module, str]]]:

@@ -24,7 +24,8 @@ import torch
 from torch import nn
 
 from gradsift.checks import check_choice
-from gradsift.pruning.masks import apply_masks_, shuffle_masks
+from gradsift.pruning.install import apply_masks_
+from gradsift.pruning.masks import shuffle_masks
 from gradsift.pruning.params import original, prunable
 
 __all__ = ["SANITY", "check_sanity", "inverted", "reinit_", "shuffle_global", "sanity_masks_"]

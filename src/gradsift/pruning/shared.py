@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from torch import nn
 
+from gradsift.pruning.boolean_mask import masked
+
 __all__ = ["RefreshPruned", "refresh_readers_"]
 
 # (parent type, child attribute): parents that read the child's parameters directly
@@ -39,7 +41,9 @@ class RefreshPruned:
         for name in list(child._buffers):
             attr = name[: -len("_mask")]
             if name.endswith("_mask") and attr + "_orig" in child._parameters:
-                setattr(child, attr, child._parameters[attr + "_orig"] * child._buffers[name])
+                setattr(
+                    child, attr, masked(child._parameters[attr + "_orig"], child._buffers[name])
+                )
 
 
 def refresh_readers_(model: nn.Module) -> None:

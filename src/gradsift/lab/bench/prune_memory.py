@@ -14,11 +14,13 @@ memory is ``torch.cuda.max_memory_allocated`` above what was allocated before. A
 method that refuses the network (SynFlow and GraSP on token ids) gets NaN and its
 message.
 
-The masks that ``torch.nn.utils.prune`` installs are float tensors shaped like the
-weights, and it keeps the masked ``weight`` beside ``weight_orig``: every case retains
-about 2x the parameter bytes, whoever computes the masks. ``extra peak`` includes that;
+``torch.nn.utils.prune``'s own masks are float tensors shaped like the weights, kept
+beside the masked ``weight`` and ``weight_orig`` (the anchor retains about 3x); gradsift
+installs boolean masks (``gradsift.pruning.boolean_mask``): 1.25x. ``extra peak``
+includes what is installed; RSS also counts freed heap that glibc keeps (a few tens of
+MB; run with ``MALLOC_MMAP_THRESHOLD_=131072`` to see live bytes only);
 ``before install`` is the peak up to the first installation of masks
-(``gradsift.pruning.at_init.apply_masks_``): what scoring and selecting cost (for the
+(``gradsift.pruning.at_init.install_masks_``): what scoring and selecting cost (for the
 anchor, which computes and installs in one call, it is the whole peak).
 """
 
@@ -135,14 +137,14 @@ def _probe_installation(device: str) -> dict:
     from gradsift.pruning import at_init
 
     seen: dict = {}
-    install = at_init.apply_masks_
+    install = at_init.install_masks_
 
     def probed(*args, **kwargs):
         if "peak" not in seen:
             seen["peak"] = torch.cuda.max_memory_allocated() if device == "cuda" else peak_rss()
         return install(*args, **kwargs)
 
-    at_init.apply_masks_ = probed
+    at_init.install_masks_ = probed
     return seen
 
 

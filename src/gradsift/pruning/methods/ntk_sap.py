@@ -28,7 +28,7 @@ from torch import nn
 
 from gradsift.checks import check_float, check_int
 from gradsift.pruning.inputs import forward, real_inputs, refuse_token_ids
-from gradsift.pruning.masks import apply_masks_
+from gradsift.pruning.install import apply_masks_
 from gradsift.pruning.methods._hvp import add_
 from gradsift.pruning.params import (
     Selector,

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 
 from gradsift.checks import check_choice
-from gradsift.pruning.gradients import accumulate_, grad_buffers, release_
+from gradsift.pruning.gradients import GradBuffers
 from gradsift.pruning.inputs import forward, num_samples
 from gradsift.pruning.params import device_of, mask_of, original
 from gradsift.pruning.registry import register_method
@@ -53,18 +53,17 @@ def snip(
     need_data(data, "snip")
     check_choice("batch_weighting", batch_weighting, BATCH_WEIGHTINGS)
     model.train()
-    ws = grad_buffers(targets)  # gradients accumulate in one flat buffer
+    buffers = GradBuffers(targets)  # gradients accumulate in one flat buffer
     first, total = None, 0.0
     for x, y in batches(data, device_of(model), num_batches, split_batch):
         # weights relative to the first batch's: equal batches add up unscaled
         first = first or batch_weight(num_samples(y), batch_weighting)
         w = batch_weight(num_samples(y), batch_weighting) / first
-        accumulate_(loss_fn(forward(model, x), y), ws, w)
+        buffers.accumulate_(loss_fn(forward(model, x), y), w)
         total += w
     if first is None:
         raise ValueError("data yielded no batches")
-    grads = [w.grad for w in ws]
-    release_(ws)
+    ws, grads = buffers.weights, buffers.release_()
     with torch.no_grad():  # scores written over the gradients: no other copy
         for g, w, (m, a) in zip(grads, ws, targets.values()):
             g.div_(total).mul_(w).abs_()

@@ -1,0 +1,82 @@
+"""Masks into the model through ``torch.nn.utils.prune``.
+
+A weight pruned for the first time gets a boolean mask buffer
+(``gradsift.pruning.boolean_mask``); one pruned before keeps its buffer, updated in
+place, so a model carries one pre-hook per weight however often it is pruned. A tied
+weight is masked in every module that holds it, and a parent that reads a pruned
+child's weight directly refreshes it (``gradsift.pruning.shared``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from gradsift.pruning.boolean_mask import install_, masked
+from gradsift.pruning.params import mask_of, original, owners, prunable
+from gradsift.pruning.shared import refresh_readers_
+
+__all__ = ["apply_masks_", "install_masks_"]
+
+
+def apply_masks_(
+    model: nn.Module, masks: dict[str, torch.Tensor], *, replace: bool = False
+) -> None:
+    """Install ``masks`` through ``torch.nn.utils.prune``: a ``*_mask`` buffer,
+    ``*_orig`` and a forward pre-hook per weight.
+
+    A new mask buffer is boolean (``gradsift.pruning.boolean_mask``: one byte per
+    weight), a copy of the given mask (0/1 of any dtype, or boolean). A layer that
+    is already pruned (by gradsift, or by ``torch.nn.utils.prune`` with a mask of the
+    weight's dtype) gets its mask buffer updated in place (one forward pre-hook per
+    weight, never a growing chain of pruning containers): ANDed with the new mask, so
+    pruned weights stay pruned, or overwritten with ``replace=True`` (a shuffled mask
+    moves the kept positions). A tied weight is masked in every module that holds it,
+    the holders pruned here sharing one mask buffer (as they share the weight), and a
+    parent that reads a pruned child's weight directly (``nn.MultiheadAttention``)
+    refreshes it (``pruning.shared``).
+    """
+    install_masks_(model, masks, replace=replace, owned=False)
+
+
+def install_masks_(
+    model: nn.Module, masks: dict[str, torch.Tensor], *, replace: bool = False, owned: bool
+) -> None:
+    """``apply_masks_``; ``owned=True``: boolean masks the caller gives away become the
+    new buffers themselves (``select``'s, views of one flat mask: no second copy)."""
+    targets = prunable(model, list(masks))
+    holders = owners(model)
+    for name, (module, attr) in targets.items():
+        shared = None
+        for m, a in holders[id(original(module, attr))]:  # every holder of a tied weight
+            shared = _install(m, a, masks[name], replace, owned, shared)
+    refresh_readers_(model)
+
+
+def _install(
+    module: nn.Module, attr: str, mask: torch.Tensor, replace: bool, owned: bool, shared=None
+) -> torch.Tensor:
+    """Install ``mask`` on ``module.attr``; return its mask buffer: a new boolean one
+    (``pruning.boolean_mask``), or the one already installed (by gradsift, or by
+    ``torch.nn.utils.prune`` in the weight's dtype), updated in place. ``shared``: the
+    buffer another holder of the same (tied) weight got, which a holder pruned here
+    takes as its own, already filled."""
+    existing = mask_of(module, attr)
+    with torch.no_grad():
+        mask = mask.detach().to(original(module, attr).device)
+        if existing is None:
+            if shared is not None and shared.shape == mask.shape:
+                return install_(module, attr, shared)  # filled by the first holder
+            keep = mask if mask.dtype == torch.bool else mask != 0
+            return install_(module, attr, keep if owned or keep is not mask else keep.clone())
+        if replace:
+            existing.copy_(mask)
+        else:
+            keep = mask if mask.dtype == torch.bool else mask != 0
+            torch.where(keep, existing, existing.new_zeros(()), out=existing)
+        # recompute the masked weight without autograd history, so that the model
+        # deep-copies and pickles (the pre-hook redoes it every forward); the old one
+        # goes first, so the two never coexist
+        delattr(module, attr)
+        setattr(module, attr, masked(getattr(module, attr + "_orig"), existing))
+    return existing
