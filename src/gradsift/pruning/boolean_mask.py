@@ -25,7 +25,12 @@ import torch
 from torch import nn
 from torch.nn.utils import prune
 
-__all__ = ["BooleanMask", "install_", "masked"]
+__all__ = ["BooleanMask", "as_bool", "install_", "masked"]
+
+
+def as_bool(mask: torch.Tensor) -> torch.Tensor:
+    """``mask`` as a boolean tensor: itself when boolean, else ``mask != 0``."""
+    return mask if mask.dtype == torch.bool else mask != 0
 
 
 def masked(orig: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from gradsift.pruning.boolean_mask import install_, masked
+from gradsift.pruning.boolean_mask import as_bool, install_, masked
 from gradsift.pruning.params import mask_of, original, owners, prunable
 from gradsift.pruning.shared import refresh_readers_
 
@@ -64,15 +64,14 @@ def _install(
     existing = mask_of(module, attr)
     with torch.no_grad():
         mask = mask.detach().to(original(module, attr).device)
+        keep = as_bool(mask)
         if existing is None:
             if shared is not None and shared.shape == mask.shape:
                 return install_(module, attr, shared)  # filled by the first holder
-            keep = mask if mask.dtype == torch.bool else mask != 0
             return install_(module, attr, keep if owned or keep is not mask else keep.clone())
         if replace:
             existing.copy_(mask)
         else:
-            keep = mask if mask.dtype == torch.bool else mask != 0
             torch.where(keep, existing, existing.new_zeros(()), out=existing)
         # recompute the masked weight without autograd history, so that the model
         # deep-copies and pickles (the pre-hook redoes it every forward); the old one

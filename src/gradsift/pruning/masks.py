@@ -26,6 +26,7 @@ import torch
 from gradsift.budget import kept_count
 from gradsift.checks import check_float, check_int
 from gradsift.pruning.allocation import check_allocation, layer_counts
+from gradsift.pruning.boolean_mask import as_bool
 from gradsift.pruning.flat import shared_flat
 from gradsift.select import topk_indices, topk_mask
 
@@ -193,8 +194,7 @@ def fill_keys_(part: torch.Tensor, score: torch.Tensor, previous, name: str = "s
         part.clamp_(min=_live_floor(part.dtype))
     if previous is None:
         return part.numel()
-    alive = previous.detach().reshape(-1).to(part.device)
-    alive = alive if alive.dtype == torch.bool else alive != 0
+    alive = as_bool(previous.detach().reshape(-1).to(part.device))
     dead = part.new_tensor(_dead_key(part.dtype))
     torch.where(alive, part, dead, out=part)  # no key-sized temporary
     return int(torch.count_nonzero(alive))

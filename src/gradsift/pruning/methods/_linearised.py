@@ -27,6 +27,7 @@ import torch
 from torch import nn
 from torch.nn.utils import prune
 
+from gradsift.pruning.boolean_mask import as_bool
 from gradsift.pruning.flat import flat_views
 from gradsift.pruning.inputs import real_inputs, refuse_token_ids
 from gradsift.pruning.methods._linear_flow import scoring_forward
@@ -89,8 +90,7 @@ class Linearised:
                 phi.square_()
             keep = installed if masks is None else masks[name]
             if keep is not None:
-                keep = keep.detach().to(phi.device)
-                keep = keep if keep.dtype == torch.bool else keep != 0
+                keep = as_bool(keep.detach().to(phi.device))
                 torch.where(keep, phi, phi.new_zeros(()), out=phi)
 
     def scores(self, input_shape) -> dict[str, torch.Tensor]:
