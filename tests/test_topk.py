@@ -313,6 +313,22 @@ def test_topk_mask_bracket_fallback(monkeypatch):
         topk_mask(torch.tensor([1.0, float("nan")]), 1)
 
 
+@pytest.mark.parametrize("capacity", [1, 4_000])
+def test_topk_mask_bracket_buffer_grows(monkeypatch, capacity):
+    # the bracket's keys are gathered into one preallocated buffer; one that is too
+    # small (a sample that underestimates the bracket) grows and loses nothing
+    x = torch.randn(3 * (1 << 20) + 5, generator=torch.Generator().manual_seed(3))
+    monkeypatch.setattr(_topk_exact, "_capacity", lambda n, k: capacity)
+    sizes = []
+    real = _topk_exact.kth_full
+    monkeypatch.setattr(
+        _topk_exact, "kth_full", lambda key, k: sizes.append(key.numel()) or real(key, k)
+    )
+    check_mask(x, 1_000_000)
+    check_mask(x, 1_000_000, absolute=False)
+    assert sizes and max(sizes) < x.numel(), "the bracket held the k-th value"
+
+
 @pytest.mark.parametrize("k", [100, 30_000])  # block path, direct path
 def test_plateau_at_the_cut_reads_only_what_it_keeps(monkeypatch, k):
     # keys tied at the cut: the lowest-index ties are found with an early stop, never
