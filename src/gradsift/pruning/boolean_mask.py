@@ -25,6 +25,8 @@ import torch
 from torch import nn
 from torch.nn.utils import prune
 
+from gradsift.pruning.keep_where import keep_where
+
 __all__ = ["BooleanMask", "as_bool", "install_", "masked"]
 
 
@@ -34,10 +36,11 @@ def as_bool(mask: torch.Tensor) -> torch.Tensor:
 
 
 def masked(orig: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """``orig`` with zeros where ``mask`` prunes: ``torch.where`` on a boolean mask,
-    the product ``torch.nn.utils.prune`` computes on a mask of another dtype."""
+    """``orig`` with zeros where ``mask`` prunes: ``torch.where`` on a boolean mask
+    (``gradsift.pruning.keep_where``, fast on the CPU), the product
+    ``torch.nn.utils.prune`` computes on a mask of another dtype."""
     if mask.dtype == torch.bool:
-        return torch.where(mask, orig, 0)
+        return keep_where(orig, mask)
     return mask.to(dtype=orig.dtype) * orig
 
 

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from gradsift.pruning.boolean_mask import as_bool, install_, masked
+from gradsift.pruning.keep_where import keep_where_
 from gradsift.pruning.params import mask_of, original, owners, prunable
 from gradsift.pruning.shared import refresh_readers_
 
@@ -72,7 +73,7 @@ def _install(
         if replace:
             existing.copy_(mask)
         else:
-            torch.where(keep, existing, existing.new_zeros(()), out=existing)
+            keep_where_(existing, keep)
         # recompute the masked weight without autograd history, so that the model
         # deep-copies and pickles (the pre-hook redoes it every forward); the old one
         # goes first, so the two never coexist

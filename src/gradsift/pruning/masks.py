@@ -28,6 +28,7 @@ from gradsift.checks import check_float, check_int
 from gradsift.pruning.allocation import check_allocation, layer_counts
 from gradsift.pruning.boolean_mask import as_bool
 from gradsift.pruning.flat import shared_flat
+from gradsift.pruning.keep_where import keep_where_
 from gradsift.select import topk_indices, topk_mask
 
 __all__ = ["masks_from_scores", "shuffle_masks", "check_sparsity", "select"]
@@ -195,8 +196,7 @@ def fill_keys_(part: torch.Tensor, score: torch.Tensor, previous, name: str = "s
     if previous is None:
         return part.numel()
     alive = as_bool(previous.detach().reshape(-1).to(part.device))
-    dead = part.new_tensor(_dead_key(part.dtype))
-    torch.where(alive, part, dead, out=part)  # no key-sized temporary
+    keep_where_(part, alive, _dead_key(part.dtype))  # no key-sized temporary
     return int(torch.count_nonzero(alive))
 
 

@@ -30,6 +30,7 @@ from torch.nn.utils import prune
 from gradsift.pruning.boolean_mask import as_bool
 from gradsift.pruning.flat import flat_views
 from gradsift.pruning.inputs import real_inputs, refuse_token_ids
+from gradsift.pruning.keep_where import keep_where_
 from gradsift.pruning.methods._linear_flow import scoring_forward
 from gradsift.pruning.params import mask_of, original, owners
 
@@ -91,7 +92,7 @@ class Linearised:
             keep = installed if masks is None else masks[name]
             if keep is not None:
                 keep = as_bool(keep.detach().to(phi.device))
-                torch.where(keep, phi, phi.new_zeros(()), out=phi)
+                keep_where_(phi, keep)
 
     def scores(self, input_shape) -> dict[str, torch.Tensor]:
         """``|θ| ⊙ ∂R/∂φ`` written over ``φ``; ``R`` the output sum on ones."""
