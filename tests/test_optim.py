@@ -178,6 +178,65 @@ def test_fused_path_matches_functional_reference(density, ef):
                 assert torch.equal(opt.state[p]["residual"], residuals[i])
 
 
+@pytest.mark.parametrize(
+    "inner, topk",
+    [
+        ("sgd", {"density": 0.001}),
+        ("sgd", {"density": 0.01, "momentum_correction": 0.9}),
+        ("sgd", {"k": 120_000}),  # more than the present coordinates on two steps
+        ("sgd-momentum", {"density": 0.01}),
+        ("sgd", {"density": 0.01, "error_feedback": False}),
+    ],
+)
+def test_flat_path_holds_out_parameters_without_gradient(monkeypatch, inner, topk):
+    # a parameter without a gradient this step is held out of the flat selection (its
+    # residual and velocity set aside): the same result as the selection over the
+    # present gradients alone (sparsify_grads_ skips grad=None), and no concatenation
+    import gradsift.optim.grads as grads_module
+
+    def no_concatenation(*args, **kwargs):
+        raise AssertionError("the flat path must run")
+
+    monkeypatch.setattr(grads_module, "sparsify_tensors_", no_concatenation)
+    torch.manual_seed(0)
+    shapes = [(300, 301), (5,), (40_000,), (7, 3, 3), (20_000,)]
+    params = [nn.Parameter(torch.randn(s)) for s in shapes]
+    ref = [nn.Parameter(p.detach().clone()) for p in params]
+
+    def make(ps):
+        if inner == "sgd":
+            return torch.optim.SGD(ps, lr=0.1)
+        return torch.optim.SGD(ps, lr=0.1, momentum=0.9, weight_decay=0.01)
+
+    opt, ref_opt = TopK(make(params), **topk), make(ref)
+    ef = topk.get("error_feedback", True)
+    m = topk.get("momentum_correction")
+    residuals = [torch.zeros_like(p) for p in ref] if ef else None
+    velocities = [torch.zeros_like(p) for p in ref] if m else None
+    budget = {key: topk[key] for key in ("k", "density") if key in topk}
+    for step, missing in enumerate([None, 2, 0, None, 4, 2]):
+        gen = torch.Generator().manual_seed(step)
+        grads = [torch.randn(p.shape, generator=gen) for p in params]
+        opt.zero_grad()
+        # backward reaches every parameter but the missing one, each with gradient g
+        sum((p * g).sum() for i, (p, g) in enumerate(zip(params, grads)) if i != missing).backward()
+        for i, (q, g) in enumerate(zip(ref, grads)):
+            q.grad = None if i == missing else g.clone()
+        opt.step()
+        sparsify_grads_(  # the reference: a concatenation of the present gradients
+            ref, residuals=residuals, velocities=velocities, momentum_correction=m, **budget
+        )
+        ref_opt.step()
+        for i, (p, q) in enumerate(zip(params, ref)):
+            # the sparse SGD apply rounds lr * g as index_add_ does: ulps from SGD's add_
+            torch.testing.assert_close(p, q, rtol=0, atol=1e-6, msg=f"step {step}, {i}")
+            for name, states in (("residual", residuals), ("momentum", velocities)):
+                if states is not None:
+                    assert torch.equal(opt.state[p][name], states[i]), (step, i, name)
+        if missing is not None:
+            assert params[missing].grad is not None  # the zero view is back after the step
+
+
 def _train(opt_factory, steps, model=None, opt=None, start=0):
     if model is None:
         torch.manual_seed(0)

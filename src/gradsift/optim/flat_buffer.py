@@ -132,25 +132,18 @@ class FlatBucket:
         """
         return all(p.dtype == self.grad.dtype and p.device == self.grad.device for p in self.params)
 
-    def attach_grads_(self) -> bool:
-        """Point every present ``p.grad`` at its view, copying foreign grads in.
-
-        Returns True when every parameter of the bucket has a gradient (so the flat
-        buffer is exactly the bucket's gradient), False when some are None (those
-        slices are zeroed and the parameters keep ``grad=None``).
-        """
-        complete = True
+    def attach_grads_(self) -> None:
+        """Point every present ``p.grad`` at its view, copying foreign grads in; the
+        slices of parameters whose grad is None are zeroed (they keep ``grad=None``)."""
         for i, p in enumerate(self.params):
             if self.owns_grad(i):
                 continue
             view = self.view(self.grad, i)
             if p.grad is None:
                 view.zero_()
-                complete = False
             else:  # a sparse gradient is densified: top-k reads every coordinate
                 view.copy_(p.grad.to_dense() if p.grad.layout != torch.strided else p.grad)
                 p.grad = view
-        return complete
 
 
 def build_buckets(params: list[torch.Tensor], *, state: tuple[str, ...] = ()) -> list[FlatBucket]:

@@ -3,8 +3,9 @@ into them (``gradsift.select.triton.fused_step.FusedStep``, a function of tensor
 
 The fused step applies to one flat bucket holding every gradient of the step, with
 ``scope="global"``, a kernel dtype (float16, bfloat16, float32) and fewer kept
-coordinates than the bucket holds; ``backend="auto"`` also needs CUDA gradients and
-triton. Anything else runs the torch path; a case the fused step does not cover is
+coordinates than the parameters with a gradient hold (those without one are held out
+of the selection: ``GradSet.holding_out``); ``backend="auto"`` also needs CUDA
+gradients and triton. Anything else runs the torch path; a case the fused step does not cover is
 logged once at INFO and counted in ``TopK.fallback_steps``.
 """
 
@@ -32,9 +33,11 @@ def _why_not(opt) -> str | None:
         return "a gradient lies outside the flat buffer"
     if b.grad.dtype not in DTYPES:
         return f"dtype {b.grad.dtype}"
-    if not all(b.present(grads.tracker.touched)):
-        return "a parameter got no gradient this step"
-    if opt.budget.resolve(b.grad.numel()) >= b.grad.numel() or not b.attach_grads_():
+    grads.attach()
+    n = grads.present_count(0)
+    if n == 0:
+        return "no parameter got a gradient this step"
+    if opt.budget.resolve(n) >= n:
         return "every coordinate is kept"
     return None
 
@@ -58,24 +61,26 @@ def fused_step_(opt) -> bool:
         return False
     from gradsift.select.triton.fused_step import FusedStep
 
-    b = buckets[0]
+    b, grads = buckets[0], opt._grads
     if opt._fused is None or opt._fused[0] is not b:
         opt._fused = (b, FusedStep())
     fused, lrs = opt._fused[1], opt._sparse_sgd_lrs()
-    fused.step_(
-        b.grad,
-        opt.budget.resolve(b.grad.numel()),
-        residual=b.state.get("residual"),
-        velocity=b.state.get("momentum"),
-        momentum=opt.momentum_correction or 0.0,
-        params=b.params,
-        offsets=b.offsets,
-        lrs=lrs,
-    )
+    with grads.holding_out(0):
+        fused.step_(
+            b.grad,
+            opt.budget.resolve(grads.present_count(0)),
+            residual=b.state.get("residual"),
+            velocity=b.state.get("momentum"),
+            momentum=opt.momentum_correction or 0.0,
+            params=b.params,
+            offsets=b.offsets,
+            lrs=lrs,
+        )
     opt.found_nonfinite = fused.found_nonfinite
     if lrs is None:
         if bool(opt.found_nonfinite):  # the one host sync of this case
             check_finite_grads(b.params, [b.grad], opt._name)
             raise ValueError("the error-feedback sum holds NaN; nothing was modified")
-        opt.optimizer.step()
+        with grads.absent_as_none():
+            opt.optimizer.step()
     return True

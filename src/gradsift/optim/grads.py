@@ -36,6 +36,7 @@ class GradSet:
         self.tracker.touched |= set(touched)
         self.sparse = None  # (buffer version, indices) right after a fused step
         self.absent: list[torch.Tensor] = []
+        self.flags: list[list[bool]] = []  # per bucket: which parameters have a gradient
 
     def stale(self) -> bool:
         """Whether a parameter changed dtype or device since (``model.to(...)``)."""
@@ -51,37 +52,82 @@ class GradSet:
 
         ``others``: parameters with a gradient that are not in the buckets (frozen
         when the set was built). Non-finite gradients raise before anything changes.
+        Returns the parameters with a gradient and whether all of them lie in the
+        buckets.
         """
-        present, complete, self.absent = [], True, []
+        present = self.attach()
+        flats = [b.grad for b in self.buckets] + [p.grad for p in others]
+        check_finite_grads(present + others, flats, name_of)
+        return present + others, not others
+
+    def attach(self) -> list[torch.Tensor]:
+        """Attach this step's gradients to the buffers and record which parameters
+        have one (``flags``; ``absent``: zero views backward did not reach); return
+        those parameters."""
+        present, self.absent, self.flags = [], [], []
         for b in self.buckets:
             flags = b.present(self.tracker.touched)
             b.attach_grads_()
-            complete &= all(flags)
+            self.flags.append(flags)
             present += [p for p, f in zip(b.params, flags) if f]
-            # zero views (nothing was written into them): no gradient this step
             self.absent += [p for p, f in zip(b.params, flags) if not f and p.grad is not None]
-        flats = [b.grad for b in self.buckets] + [p.grad for p in others]
-        check_finite_grads(present + others, flats, name_of)
-        return present + others, complete and not others
+        return present
 
-    def select(self, present, complete: bool, budget: Budget, scope: str, momentum, own):
-        """Error feedback and top-k over ``present``; ``(idx, vals, k, n)`` on the fused
-        path (one bucket, global scope, every gradient present), else None."""
-        if scope == "global" and len(self.buckets) == 1 and complete:
+    def select(self, present, in_buckets: bool, budget: Budget, scope: str, momentum, own):
+        """Error feedback and top-k over ``present``; ``(idx, vals, k, n)`` on the flat
+        path (one bucket holding every gradient, global scope), else None."""
+        if scope == "global" and len(self.buckets) == 1 and in_buckets:
             b = self.buckets[0]
-            k = budget.resolve(b.grad.numel())
-            idx, vals = sparsify_(
-                b.grad,
-                k,
-                residual=b.state.get("residual"),
-                velocity=b.state.get("momentum"),
-                momentum=momentum or 0.0,
-                workspace=self.workspaces[0],
-            )
-            return idx, vals, k, b.grad.numel()
+            n = self.present_count(0)
+            if n == 0:  # no gradient at all: nothing to select
+                return None
+            k = budget.resolve(n)
+            with self.holding_out(0):
+                idx, vals = sparsify_(
+                    b.grad,
+                    k,
+                    residual=b.state.get("residual"),
+                    velocity=b.state.get("momentum"),
+                    momentum=momentum or 0.0,
+                    workspace=self.workspaces[0],
+                )
+            return idx, vals, k, n
         triples = [(p.grad, own(p, "residual"), own(p, "momentum")) for p in present]
         sparsify_tensors_(triples, budget, scope=scope, momentum=momentum or 0.0)
         return None
+
+    def present_count(self, i: int) -> int:
+        """Coordinates of bucket ``i`` whose parameter has a gradient this step."""
+        b = self.buckets[i]
+        return sum(p.numel() for p, f in zip(b.params, self.flags[i]) if f)
+
+    @contextmanager
+    def holding_out(self, i: int):
+        """Run a selection over the whole of bucket ``i`` as one over its parameters
+        with a gradient only.
+
+        A parameter without a gradient has zeros in the gradient buffer; its residual
+        and velocity slices are set aside and zeroed meanwhile, so that its
+        coordinates add 0, decay nothing and rank with the zeros (selected only when
+        fewer than k coordinates are non-zero, where they change nothing), and put
+        back afterwards, as the selection over the present gradients alone leaves
+        them. ``k`` must be resolved on ``present_count(i)``.
+        """
+        b = self.buckets[i]
+        held = [
+            flat[o : o + p.numel()]
+            for p, o, f in zip(b.params, b.offsets, self.flags[i])
+            if not f
+            for flat in b.state.values()
+        ]
+        saved = [t.clone() for t in held]
+        for t in held:
+            t.zero_()
+        try:
+            yield
+        finally:
+            for t, copy in zip(held, saved):
+                t.copy_(copy)
 
     @contextmanager
     def absent_as_none(self):

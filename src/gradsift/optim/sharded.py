@@ -95,7 +95,7 @@ class ShardedGrads:
             )
         return present, True
 
-    def select(self, present, complete: bool, budget, scope: str, momentum, own):
+    def select(self, present, in_buckets: bool, budget, scope: str, momentum, own):
         """Error feedback and the global top-k, written into the gradients; None."""
         groups = [present] if scope == "global" else [[p] for p in present]
         for ps in groups:

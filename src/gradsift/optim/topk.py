@@ -197,8 +197,10 @@ class TopK(HasBudget, Optimizer):
     def sparsify_(self):
         """Apply error feedback and top-k selection to the current gradients.
 
-        Returns ``(indices, values)`` into the flat gradient on the fused path (one
-        bucket, global scope, every gradient present), else None.
+        Returns ``(indices, values)`` into the flat gradient on the flat path (one
+        bucket holding every gradient, global scope), else None. Parameters without a
+        gradient this step are held out of the selection; where fewer than k
+        coordinates are non-zero, indices into their slices may come back, with 0.
         """
         selected = self._sparsify()
         return None if selected is None else selected[:2]
@@ -207,9 +209,9 @@ class TopK(HasBudget, Optimizer):
         if self._grads.stale():
             self._build()
         others = [p for p in self._params() if p.grad is not None and id(p) not in self._grads.ids]
-        present, complete = self._grads.prepare(others, self._name)
+        present, in_buckets = self._grads.prepare(others, self._name)
         return self._grads.select(
-            present, complete, self.budget, self.scope, self.momentum_correction, self._own
+            present, in_buckets, self.budget, self.scope, self.momentum_correction, self._own
         )
 
     def step(self, closure=None):
