@@ -237,6 +237,53 @@ def test_flat_path_holds_out_parameters_without_gradient(monkeypatch, inner, top
             assert params[missing].grad is not None  # the zero view is back after the step
 
 
+@pytest.mark.parametrize(
+    "topk",
+    [{"density": 0.01}, {"density": 0.01, "momentum_correction": 0.5}, {"k": 3000}],
+)
+def test_flat_path_selects_across_dtype_buckets(monkeypatch, topk):
+    # float32 and float64 parameters (two buckets) select one global top-k in place,
+    # as the concatenation does, parameters without a gradient held out; dyadic
+    # gradients keep every sum exact in both dtypes
+    import gradsift.optim.grads as grads_module
+
+    def no_concatenation(*args, **kwargs):
+        raise AssertionError("the flat path must run")
+
+    monkeypatch.setattr(grads_module, "sparsify_tensors_", no_concatenation)
+    torch.manual_seed(0)
+    spec = [((300, 301), torch.float32), ((40_000,), torch.float64), ((7, 3, 3), torch.float32)]
+    spec += [((20_000,), torch.float64)]
+    params = [nn.Parameter((torch.randint(-64, 65, s) / 64).to(d)) for s, d in spec]
+    ref = [nn.Parameter(p.detach().clone()) for p in params]
+    opt = TopK(torch.optim.SGD(params, lr=0.5), **topk)
+    ref_opt = torch.optim.SGD(ref, lr=0.5)
+    assert len(opt._grads.buckets) == 2
+    m = topk.get("momentum_correction")
+    residuals = [torch.zeros_like(p) for p in ref]
+    velocities = [torch.zeros_like(p) for p in ref] if m else None
+    budget = {key: topk[key] for key in ("k", "density") if key in topk}
+    for step, missing in enumerate([None, 1, 0, None, 3]):
+        gen = torch.Generator().manual_seed(step)
+        grads = [
+            (torch.randint(-512, 513, p.shape, generator=gen) / 64).to(p.dtype) for p in params
+        ]
+        opt.zero_grad()
+        sum((p * g).sum() for i, (p, g) in enumerate(zip(params, grads)) if i != missing).backward()
+        for i, (q, g) in enumerate(zip(ref, grads)):
+            q.grad = None if i == missing else g.clone()
+        opt.step()
+        sparsify_grads_(
+            ref, residuals=residuals, velocities=velocities, momentum_correction=m, **budget
+        )
+        ref_opt.step()
+        for i, (p, q) in enumerate(zip(params, ref)):
+            assert torch.equal(p, q), (step, i)
+            assert torch.equal(opt.state[p]["residual"], residuals[i]), (step, i)
+            if m:
+                assert torch.equal(opt.state[p]["momentum"], velocities[i]), (step, i)
+
+
 def _train(opt_factory, steps, model=None, opt=None, start=0):
     if model is None:
         torch.manual_seed(0)

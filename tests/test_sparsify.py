@@ -3,9 +3,11 @@ mass is conserved exactly, and DGC's momentum correction matches a transcription
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gradsift import sparsify_grads_
-from gradsift.optim.error_feedback import Workspace, sparsify_
+from gradsift.optim.error_feedback import Workspace, sparsify_, sparsify_buckets_
 
 
 def _vectors(n, seed, dtype):
@@ -102,3 +104,82 @@ def test_a_bare_tensor_for_params_is_an_error():
     with pytest.raises(TypeError, match="residuals must be a list of tensors"):
         sparsify_grads_([w], k=2, residuals=torch.zeros(3, 4))
     assert sparsify_grads_([w], k=2) == 2
+
+
+def _bucket_case(sizes, dtypes, seed, ties):
+    """Flat (grad, residual, velocity) per bucket. Dyadic values whose sums and halves
+    are exact in float32, so that accumulating in each vector's own dtype or in the
+    widest is the same; small integers plant ties across the vectors."""
+    gen = torch.Generator().manual_seed(seed)
+    high = 5 if ties else 2**10
+    return [
+        [(torch.randint(-high, high + 1, (n,), generator=gen) / 64).to(dtype) for _ in range(3)]
+        for n, dtype in zip(sizes, dtypes)
+    ]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 3000), min_size=2, max_size=3),
+    dtypes=st.lists(st.sampled_from([torch.float32, torch.float64]), min_size=3, max_size=3),
+    k_frac=st.floats(0.0, 1.0),
+    state=st.sampled_from(["none", "residual", "velocity"]),
+    ties=st.booleans(),
+    workspace=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_buckets_select_as_their_concatenation(sizes, dtypes, k_frac, state, ties, workspace, seed):
+    # several flat vectors select the global top-k in place, as sparsify_ on their
+    # concatenation: same indices (lowest-index ties across vectors), values, states
+    total = sum(sizes)
+    _check_buckets(
+        sizes, dtypes, max(1, min(total, round(k_frac * total))), state, ties, workspace, seed
+    )
+
+
+@pytest.mark.parametrize("k", [300, 9000])  # block keys, direct; 70_001 takes the sampled path
+@pytest.mark.parametrize("state", ["residual", "velocity"])
+def test_large_buckets_select_as_their_concatenation(k, state):
+    sizes, dtypes = [5, 70_001, 300_007], [torch.float64, torch.float32, torch.float32]
+    for ties, workspace in ((False, True), (True, True), (False, False)):
+        _check_buckets(sizes, dtypes, k, state, ties, workspace, seed=k)
+
+
+def _check_buckets(sizes, dtypes, k, state, ties, workspace, seed):
+    case = _bucket_case(sizes, dtypes, seed, ties)
+    wide = torch.float64 if torch.float64 in dtypes[: len(sizes)] else torch.float32
+    flats, cat = [], []
+    for g, r, u in case:
+        flats.append(
+            (
+                g.clone(),
+                None if state == "none" else r.clone(),
+                u.clone() if state == "velocity" else None,
+            )
+        )
+    for j in range(3):
+        parts = [f[j] for f in flats]
+        cat.append(None if parts[0] is None else torch.cat([t.to(wide) for t in parts]))
+    ref_idx, ref_vals = sparsify_(cat[0], k, residual=cat[1], velocity=cat[2], momentum=0.5)
+    got = sparsify_buckets_(
+        flats, k, momentum=0.5, workspaces=[Workspace() if workspace else None for _ in flats]
+    )
+    start = 0
+    for (idx, vals), (g, r, u), n in zip(got, flats, sizes):
+        inside = (ref_idx >= start) & (ref_idx < start + n)
+        assert torch.equal(idx, ref_idx[inside] - start)
+        assert torch.equal(vals.to(wide), ref_vals[inside])
+        for t, ref in zip((g, r, u), cat):
+            if t is not None:
+                assert torch.equal(t.to(wide), ref[start : start + n])
+        start += n
+
+
+def test_buckets_of_narrow_dtypes_rank_exactly_in_the_widest():
+    # a bfloat16 value and a float32 value differing below bfloat16's precision
+    a = torch.tensor([1.0, 0.0], dtype=torch.bfloat16)
+    b = torch.tensor([0.0, 1.0 + 2**-20], dtype=torch.float32)
+    got = sparsify_buckets_([(a.clone(), None, None), (b.clone(), None, None)], 1)
+    assert got[0][0].numel() == 0 and got[1][0].tolist() == [1]
+    got = sparsify_buckets_([(b.clone(), None, None), (a.clone(), None, None)], 1)
+    assert got[0][0].tolist() == [1] and got[1][0].numel() == 0

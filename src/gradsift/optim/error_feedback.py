@@ -24,6 +24,7 @@ chunk while the chunk is in cache, about one pass over memory.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from itertools import accumulate
 
 import torch
 
@@ -33,7 +34,7 @@ from gradsift.select import topk_indices
 from gradsift.select.exact import CHUNK
 from gradsift.select.sampled import BLOCK, block_key_dtype, block_keys, topk_from_block_keys
 
-__all__ = ["Workspace", "sparsify_", "sparsify_grads_", "sparsify_tensors_"]
+__all__ = ["Workspace", "sparsify_", "sparsify_buckets_", "sparsify_grads_", "sparsify_tensors_"]
 
 
 class Workspace:
@@ -52,10 +53,16 @@ class Workspace:
     def buffers(self, x: torch.Tensor, need_scratch: bool):
         dtype = block_key_dtype(x.dtype)
         n = x.numel() // BLOCK
-        if self.keys is None or self.keys.numel() != n or self.keys.dtype != dtype:
+        like = (dtype, x.device)
+        if (
+            self.keys is None
+            or self.keys.numel() != n
+            or (self.keys.dtype, self.keys.device) != like
+        ):
             self.keys = torch.empty(n, dtype=dtype, device=x.device)
         size = min(CHUNK, x.numel())
-        if need_scratch and (self.scratch is None or self.scratch.numel() < size):
+        s = self.scratch
+        if need_scratch and (s is None or s.numel() < size or (s.dtype, s.device) != like):
             self.scratch = torch.empty(size, dtype=dtype, device=x.device)
         return self.keys, self.scratch if need_scratch else None
 
@@ -81,20 +88,74 @@ def sparsify_(
 
     Returns ``(indices, values)`` of the kept coordinates, indices ascending.
     """
+    _check_states(residual, velocity)
+    src, idx, zeroed = _accumulate_and_select_(grad, k, residual, velocity, momentum, workspace)
+    return _keep_(grad, src, idx, residual, velocity, zeroed)
+
+
+@torch.no_grad()
+def sparsify_buckets_(
+    flats: list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]],
+    k: int,
+    *,
+    momentum: float = 0.0,
+    workspaces: list[Workspace] | None = None,
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``sparsify_`` over several flat ``(grad, residual, velocity)`` vectors (one per
+    dtype, on one device) as over their concatenation, without concatenating them.
+
+    Each vector accumulates in its own dtype and selects its top ``min(k, n_i)``;
+    the global top k lies among these candidates (the global ranking restricted to
+    one vector is that vector's own ranking), so the k largest candidate keys, ranked
+    in the widest dtype (exact: narrower floats convert exactly) with ties to the
+    lowest position in the concatenation, are the selection. Returns
+    ``(indices, values)`` per vector, indices ascending.
+    """
+    for _, residual, velocity in flats:
+        _check_states(residual, velocity)
+    workspaces = workspaces or [None] * len(flats)
+    picked = [
+        _accumulate_and_select_(g, min(k, g.numel()), r, u, momentum, w)
+        for (g, r, u), w in zip(flats, workspaces)
+    ]
+    dtype = flats[0][0].dtype
+    for g, _, _ in flats:
+        dtype = torch.promote_types(dtype, g.dtype)
+    keys = torch.cat([torch.index_select(src, 0, idx).to(dtype) for src, idx, _ in picked])
+    chosen = topk_indices(keys, k) if k < keys.numel() else _keep_all(keys)
+    starts = list(accumulate((idx.numel() for _, idx, _ in picked), initial=0))
+    bounds = torch.searchsorted(chosen, torch.tensor(starts, device=keys.device)).tolist()
+    out = []
+    for (g, r, u), (src, idx, zeroed), lo, hi, start in zip(
+        flats, picked, bounds, bounds[1:], starts
+    ):
+        kept = torch.index_select(idx, 0, chosen[lo:hi] - start)
+        out.append(_keep_(g, src, kept, r, u, zeroed))
+    return out
+
+
+def _check_states(residual, velocity) -> None:
     if velocity is not None and residual is None:
         raise ValueError("momentum correction (velocity) needs error feedback (residual)")
+
+
+def _accumulate_and_select_(grad, k, residual, velocity, momentum, workspace):
+    """Error feedback into the vector to select on, and its top-k indices (ascending):
+    ``(src, idx, zeroed)``, ``zeroed`` where the fused pass already zeroed ``grad``."""
     if workspace is None or k >= grad.numel():
         src = _accumulate_(grad, residual, velocity, momentum)
-        idx = _keep_all(src) if k >= src.numel() else topk_indices(src, k)
-        workspace = None  # the gradient is not zeroed yet
-    else:
-        src = residual if residual is not None else grad
-        keys = _fused_accumulate_(grad, residual, velocity, momentum, workspace)
-        idx = topk_from_block_keys(src, k, keys)
+        return src, _keep_all(src) if k >= src.numel() else topk_indices(src, k), False
+    src = residual if residual is not None else grad
+    keys = _fused_accumulate_(grad, residual, velocity, momentum, workspace)
+    return src, topk_from_block_keys(src, k, keys), residual is not None
+
+
+def _keep_(grad, src, idx, residual, velocity, zeroed: bool):
+    """``grad <- src`` on ``idx``, 0 elsewhere; ``idx`` zeroed in the states."""
     # index_select / index_fill_ / index_copy_: on CPU several times faster than
     # advanced indexing (``src[idx]``, ``r[idx] = 0``) for a few thousand indices
     vals = torch.index_select(src, 0, idx)
-    if workspace is None or residual is None:  # the fused pass with a residual zeroed it
+    if not zeroed:
         grad.zero_()
     grad.index_copy_(0, idx, vals)
     for state in (residual, velocity):

@@ -10,13 +10,18 @@ steps (``absent_as_none``).
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 
 import torch
 
 from gradsift.budget import Budget
 from gradsift.checks import check_finite_grads
-from gradsift.optim.error_feedback import Workspace, sparsify_, sparsify_tensors_
+from gradsift.optim.error_feedback import (
+    Workspace,
+    sparsify_,
+    sparsify_buckets_,
+    sparsify_tensors_,
+)
 from gradsift.optim.flat_buffer import FlatBucket, GradTracker, build_buckets
 
 __all__ = ["GradSet"]
@@ -75,19 +80,35 @@ class GradSet:
 
     def select(self, present, in_buckets: bool, budget: Budget, scope: str, momentum, own):
         """Error feedback and top-k over ``present``; ``(idx, vals, k, n)`` on the flat
-        path (one bucket holding every gradient, global scope), else None."""
-        if scope == "global" and len(self.buckets) == 1 and in_buckets:
-            b = self.buckets[0]
-            n = self.present_count(0)
+        path with one bucket holding every gradient (global scope), else None.
+
+        Several buckets (dtypes) on one device holding every gradient select globally
+        in place (``sparsify_buckets_``); anything else concatenates
+        (``sparsify_tensors_``).
+        """
+        devices = {b.grad.device for b in self.buckets}
+        if scope == "global" and in_buckets and len(devices) == 1:
+            n = sum(self.present_count(i) for i in range(len(self.buckets)))
             if n == 0:  # no gradient at all: nothing to select
                 return None
             k = budget.resolve(n)
-            with self.holding_out(0):
+            flats = [
+                (b.grad, b.state.get("residual"), b.state.get("momentum")) for b in self.buckets
+            ]
+            with ExitStack() as stack:
+                for i in range(len(self.buckets)):
+                    stack.enter_context(self.holding_out(i))
+                if len(flats) > 1:
+                    sparsify_buckets_(
+                        flats, k, momentum=momentum or 0.0, workspaces=self.workspaces
+                    )
+                    return None
+                g, r, u = flats[0]
                 idx, vals = sparsify_(
-                    b.grad,
+                    g,
                     k,
-                    residual=b.state.get("residual"),
-                    velocity=b.state.get("momentum"),
+                    residual=r,
+                    velocity=u,
                     momentum=momentum or 0.0,
                     workspace=self.workspaces[0],
                 )

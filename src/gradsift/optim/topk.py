@@ -79,7 +79,10 @@ class TopK(HasBudget, Optimizer):
     ``zero_grad()`` therefore defaults to ``set_to_none=False`` (zeroing the buffer in
     one pass and keeping the views). ``set_to_none=True``, ``model.zero_grad()`` or
     assigning ``p.grad`` all stay correct: foreign gradients are copied back in at the
-    next step, at the cost of that copy.
+    next step, at the cost of that copy. The global selection runs in place on the
+    buffers, several dtypes included (each accumulates error feedback in its own
+    dtype, as a model of one dtype does); parameters without a gradient this step are
+    held out of it.
 
     ``state_dict()`` is the inner optimizer's plus the residuals (and velocities), so
     checkpoints resume bit for bit. The inner optimizer's own state is
