@@ -1,5 +1,8 @@
 """The flat gradient buffer: views, foreign gradients, missing gradients, state."""
 
+import gc
+import weakref
+
 import torch
 from torch import nn
 
@@ -47,3 +50,35 @@ def test_buckets_group_by_dtype_and_notice_a_changed_dtype():
     assert all(x.matches() for x in buckets)
     a[0].data = a[0].data.double()
     assert not buckets[0].matches() and buckets[1].matches()
+
+
+def test_the_buffer_lives_only_as_long_as_its_views():
+    ps = params()
+    [bucket] = build_buckets(ps)
+    ref = weakref.ref(bucket.grad)
+    for p in ps:
+        p.grad = None
+    gc.collect()
+    assert ref() is None and bucket.grad is None  # freed with its last view
+    assert bucket.present(set()) == [False, False, False]
+    ps[0].grad = torch.ones(3, 4)
+    bucket.attach_grads_()  # allocated again, the missing slices zeroed
+    assert bucket.owns_grad(0) and torch.equal(bucket.grad[:12], torch.ones(12))
+    assert not bucket.grad[12:].any() and ps[1].grad is None
+    bucket.let_go_()
+    assert bucket.grad is not None  # ps[0]'s view keeps it
+    kept = ps[0].grad
+    ps[0].grad = None
+    bucket.attach_grads_()  # someone kept the old buffer: a new one, theirs unchanged
+    assert bucket.grad is not kept._base and torch.equal(kept, torch.ones(3, 4))
+
+
+def test_a_tensor_at_a_views_address_is_not_taken_for_the_view():
+    # a freed buffer's memory goes to the next allocation, e.g. backward's new
+    # gradient: same address, shape and strides, but not a view of the buffer
+    ps = params()
+    [bucket] = build_buckets(ps)
+    assert bucket.owns_grad(0)  # the views' addresses are cached
+    alias = torch.empty(0).set_(bucket.grad.untyped_storage(), 0, (3, 4), (4, 1))
+    ps[0].grad = alias
+    assert alias.data_ptr() == bucket.grad.data_ptr() and not bucket.owns_grad(0)

@@ -1,6 +1,8 @@
 """TopK and sparsify_grads_ against brute-force references."""
 
 import copy
+import gc
+import weakref
 
 import pytest
 import torch
@@ -402,6 +404,46 @@ def test_dropped_views_stay_correct(how):
         opt_b.step()
     for p, q in zip(a.parameters(), b.parameters()):
         torch.testing.assert_close(p, q, rtol=0, atol=1e-15)
+
+
+@pytest.mark.parametrize("how", ["set_to_none", "model_zero_grad"])
+def test_dropping_every_gradient_frees_the_flat_buffer(how):
+    # as torch frees gradients between steps: TopK keeps only its residuals
+    torch.manual_seed(0)
+    a, b = Net(), Net()
+    b.load_state_dict(a.state_dict())
+    opt_a = TopK(torch.optim.SGD(a.parameters(), lr=0.1), k=6)
+    opt_b = TopK(torch.optim.SGD(b.parameters(), lr=0.1), k=6)
+    kept = None
+    for step in range(5):
+        opt_a.zero_grad()
+        loss_of(a, step).backward()
+        opt_a.step()
+        ref = weakref.ref(opt_b._grads.buckets[0].grad)
+        if step == 3:  # a user keeps this step's gradients: never written again
+            kept = [(p.grad, p.grad.clone()) for p in trainable(b) if p.grad is not None]
+        opt_b.zero_grad(set_to_none=True) if how == "set_to_none" else b.zero_grad()
+        gc.collect()
+        assert (ref() is None) == (step != 3), step
+        loss_of(b, step).backward()
+        opt_b.step()
+    for p, q in zip(a.parameters(), b.parameters()):
+        torch.testing.assert_close(p, q, rtol=0, atol=0)
+    for g, saved in kept:
+        assert torch.equal(g, saved)
+
+
+def test_zero_grad_leaves_a_dropped_gradient_someone_kept_alone():
+    model = Net()
+    opt = TopK(torch.optim.SGD(model.parameters(), lr=0.1), k=6)
+    loss_of(model, 0).backward()
+    kept = model.hidden.weight.grad
+    saved = kept.clone()
+    model.zero_grad()  # drops every view; ``kept`` keeps the buffer alive
+    opt.zero_grad()
+    loss_of(model, 1).backward()
+    opt.step()
+    assert saved.any() and torch.equal(kept, saved)
 
 
 def test_param_groups_and_mixed_dtypes():

@@ -14,7 +14,7 @@ works on whole vectors.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import weakref
 
 import torch
 
@@ -57,21 +57,63 @@ class GradTracker:
             h.remove()
 
 
-@dataclass
 class FlatBucket:
     """Parameters of one (device, dtype), their grads and state as flat vectors.
 
     ``state`` maps a name (``"residual"``, ``"momentum"``) to a flat buffer laid out
-    like ``grad``; ``offsets[i]`` is where ``params[i]`` starts.
+    like the gradient; ``offsets[i]`` is where ``params[i]`` starts.
+
+    The flat gradient lives as long as something holds it: the bucket while a step
+    runs (``hold_`` ... ``let_go_``), otherwise only the ``p.grad`` views. Dropping
+    every view (``zero_grad(set_to_none=True)``, ``model.zero_grad()``) frees it until
+    the next step allocates it again, as torch frees gradients between steps; the
+    bucket keeps a weak reference only.
     """
 
-    params: list[torch.Tensor]
-    grad: torch.Tensor
-    state: dict[str, torch.Tensor] = field(default_factory=dict)
-    offsets: list[int] = field(default_factory=list)
+    def __init__(self, params, grad, state, offsets) -> None:
+        self.params: list[torch.Tensor] = params
+        self.state: dict[str, torch.Tensor] = state
+        self.offsets: list[int] = offsets
+        self.numel, self.dtype, self.device = grad.numel(), grad.dtype, grad.device
+        self.zero_version = -1  # ``grad._version`` when last zeroed (nothing written since)
+        self.generation = 0  # how many buffers were allocated after the first
+        self._held: torch.Tensor | None = None
+        self._ref = weakref.ref(grad)
+        self._views: list | None = None
 
-    zero_version: int = -1  # ``grad._version`` when last zeroed (nothing written since)
-    _views: list | None = field(default=None, repr=False)
+    @property
+    def grad(self) -> torch.Tensor | None:
+        """The flat gradient buffer, or None where it was freed."""
+        if self._held is not None:
+            return self._held
+        return None if self._ref is None else self._ref()
+
+    def hold_(self) -> torch.Tensor:
+        """Hold the buffer until ``let_go_``; a freed one is allocated again
+        (uninitialised: ``attach_grads_`` or ``zero_`` fill it)."""
+        flat = self.grad
+        if flat is None:
+            flat = torch.empty(self.numel, dtype=self.dtype, device=self.device)
+            self._ref, self._views = weakref.ref(flat), None
+            self.zero_version, self.generation = -1, self.generation + 1
+        self._held = flat
+        return flat
+
+    def let_go_(self) -> None:
+        """Leave the buffer to the gradient views (freed once none is left)."""
+        self._held = None
+
+    def forget_(self) -> None:
+        """Drop the buffer: the next step allocates a new one, so a gradient someone
+        kept from this one is never written again."""
+        self._held = self._ref = None
+
+    def drop_if_orphaned_(self) -> None:
+        """``forget_`` a buffer that no ``p.grad`` views any more (someone else keeps
+        it alive: their tensor must not change, as torch never writes a dropped
+        gradient again)."""
+        if self._held is None and not any(self.owns_grad(i) for i in range(len(self.params))):
+            self.forget_()
 
     def view(self, flat: torch.Tensor, i: int) -> torch.Tensor:
         """The slice of ``flat`` that belongs to ``params[i]``, shaped like it, with its
@@ -85,17 +127,18 @@ class FlatBucket:
 
     def owns_grad(self, i: int) -> bool:
         """Whether ``params[i].grad`` is still the view into ``self.grad``."""
-        g = self.params[i].grad
+        g, flat = self.params[i].grad, self.grad
+        if g is None or flat is None or g._base is not flat:
+            return False
         if self._views is None:  # (address, shape, strides) of each view, computed once
-            size = self.grad.element_size()
+            size = flat.element_size()
             self._views = [
-                (self.grad.data_ptr() + o * size, q.shape, self.view(self.grad, j).stride())
+                (flat.data_ptr() + o * size, q.shape, self.view(flat, j).stride())
                 for j, (q, o) in enumerate(zip(self.params, self.offsets))
             ]
         ptr, shape, stride = self._views[i]
         return (
-            g is not None
-            and g.layout == torch.strided
+            g.layout == torch.strided
             and g.data_ptr() == ptr
             and g.shape == shape
             and g.stride() == stride
@@ -110,7 +153,10 @@ class FlatBucket:
         all, any write counts for every view (gradients set in place by hand);
         otherwise only a view that is not all zeros.
         """
-        written = self.grad._version != self.zero_version
+        flat = self.grad
+        if flat is None:  # freed: every gradient is backward's or assigned
+            return [p.grad is not None for p in self.params]
+        written = flat._version != self.zero_version
         any_touched = any(id(p) in touched for p in self.params)
         out = []
         for i, p in enumerate(self.params):
@@ -130,15 +176,18 @@ class FlatBucket:
 
         ``model.to(torch.float64)`` after the buffer was built changes them in place.
         """
-        return all(p.dtype == self.grad.dtype and p.device == self.grad.device for p in self.params)
+        return all(p.dtype == self.dtype and p.device == self.device for p in self.params)
 
     def attach_grads_(self) -> None:
-        """Point every present ``p.grad`` at its view, copying foreign grads in; the
-        slices of parameters whose grad is None are zeroed (they keep ``grad=None``)."""
+        """Hold the buffer (``hold_``) and point every present ``p.grad`` at its view,
+        copying foreign grads in; the slices of parameters whose grad is None are
+        zeroed (they keep ``grad=None``)."""
+        self.drop_if_orphaned_()
+        flat = self.hold_()
         for i, p in enumerate(self.params):
             if self.owns_grad(i):
                 continue
-            view = self.view(self.grad, i)
+            view = self.view(flat, i)
             if p.grad is None:
                 view.zero_()
             else:  # a sparse gradient is densified: top-k reads every coordinate

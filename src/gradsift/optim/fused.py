@@ -31,8 +31,8 @@ def _why_not(opt) -> str | None:
     b = grads.buckets[0]
     if any(p.grad is not None and id(p) not in grads.ids for p in opt._params()):
         return "a gradient lies outside the flat buffer"
-    if b.grad.dtype not in DTYPES:
-        return f"dtype {b.grad.dtype}"
+    if b.dtype not in DTYPES:
+        return f"dtype {b.dtype}"
     grads.attach()
     n = grads.present_count(0)
     if n == 0:
@@ -50,7 +50,7 @@ def fused_step_(opt) -> bool:
     buckets = opt._grads.buckets
     if opt.backend == "torch" or not buckets:
         return False
-    if opt.backend == "auto" and not (buckets[0].grad.device.type == "cuda" and triton_available()):
+    if opt.backend == "auto" and not (buckets[0].device.type == "cuda" and triton_available()):
         return False
     why = _why_not(opt)
     if why is not None:

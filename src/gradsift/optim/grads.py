@@ -39,7 +39,7 @@ class GradSet:
         self.workspaces = [Workspace() for _ in self.buckets]
         self.tracker = GradTracker(params)
         self.tracker.touched |= set(touched)
-        self.sparse = None  # (buffer version, indices) right after a fused step
+        self.sparse = None  # (generation, version, indices) of bucket 0 right after a step
         self.absent: list[torch.Tensor] = []
         self.flags: list[list[bool]] = []  # per bucket: which parameters have a gradient
 
@@ -86,7 +86,7 @@ class GradSet:
         in place (``sparsify_buckets_``); anything else concatenates
         (``sparsify_tensors_``).
         """
-        devices = {b.grad.device for b in self.buckets}
+        devices = {b.device for b in self.buckets}
         if scope == "global" and in_buckets and len(devices) == 1:
             n = sum(self.present_count(i) for i in range(len(self.buckets)))
             if n == 0:  # no gradient at all: nothing to select
@@ -172,21 +172,47 @@ class GradSet:
                     return b, i
         raise KeyError("parameter not in this set")
 
+    @contextmanager
+    def held(self):
+        """A step: the buffers that ``attach`` holds are left to the gradient views
+        afterwards (see ``FlatBucket``)."""
+        try:
+            yield
+        finally:
+            for b in self.buckets:
+                b.let_go_()
+
+    def mark_sparse(self, idx: torch.Tensor) -> None:
+        """Until bucket 0's buffer changes again, only ``idx`` may be non-zero in it."""
+        b = self.buckets[0]
+        self.sparse = (b.generation, b.grad._version, idx)
+
     def zero_(self, set_to_none: bool) -> None:
-        """Zero the buffers (only the k selected coordinates right after a fused step
-        that nothing touched since) and re-point assigned gradients at their views."""
+        """``set_to_none``: drop every gradient and the buffers (freed until the next
+        step). Else zero the buffers (only the k selected coordinates right after a
+        step that nothing touched since) and re-point assigned gradients at their
+        views."""
         sparse, self.sparse = self.sparse, None
         for i, b in enumerate(self.buckets):
-            if i == 0 and sparse is not None and sparse[0] == b.grad._version:
-                b.grad[sparse[1]] = 0
-            else:
-                b.grad.zero_()
-            b.mark_zeroed()
-            for j, p in enumerate(b.params):
-                if set_to_none:
+            if set_to_none:
+                for p in b.params:
                     p.grad = None
-                elif p.grad is not None and not b.owns_grad(j):
-                    p.grad = b.view(b.grad, j)  # an assigned grad: back to the zeroed view
+                continue
+            b.drop_if_orphaned_()
+            if b.grad is None and all(p.grad is None for p in b.params):
+                continue  # freed, and nothing to point at it
+            flat = b.hold_()
+            try:
+                if i == 0 and sparse is not None and sparse[:2] == (b.generation, flat._version):
+                    flat[sparse[2]] = 0
+                else:
+                    flat.zero_()
+                b.mark_zeroed()
+                for j, p in enumerate(b.params):
+                    if p.grad is not None and not b.owns_grad(j):
+                        p.grad = b.view(flat, j)  # an assigned grad: back to the zeroed view
+            finally:
+                b.let_go_()
         self.tracker.reset()
 
     def nbytes(self) -> dict[str, int]:

@@ -155,6 +155,10 @@ class ShardedGrads:
     def absent_as_none(self):
         yield
 
+    @contextmanager
+    def held(self):
+        yield
+
     def zero_(self, set_to_none: bool) -> None:
         for p in self.params:
             if set_to_none:

@@ -79,7 +79,11 @@ class TopK(HasBudget, Optimizer):
     ``zero_grad()`` therefore defaults to ``set_to_none=False`` (zeroing the buffer in
     one pass and keeping the views). ``set_to_none=True``, ``model.zero_grad()`` or
     assigning ``p.grad`` all stay correct: foreign gradients are copied back in at the
-    next step, at the cost of that copy. The global selection runs in place on the
+    next step, at the cost of that copy. Memory: dropping every gradient
+    (``zero_grad(set_to_none=True)``, ``model.zero_grad()``) frees the buffer until the
+    next step, as torch frees gradients, so between steps TopK holds only its
+    residuals (and velocities); the default keeps one gradient's bytes through the
+    forward pass, as ``set_to_none=False`` does in torch. The global selection runs in place on the
     buffers, several dtypes included (each accumulates error feedback in its own
     dtype, as a model of one dtype does); parameters without a gradient this step are
     held out of it.
@@ -205,7 +209,8 @@ class TopK(HasBudget, Optimizer):
         gradient this step are held out of the selection; where fewer than k
         coordinates are non-zero, indices into their slices may come back, with 0.
         """
-        selected = self._sparsify()
+        with self._grads.held():
+            selected = self._sparsify()
         return None if selected is None else selected[:2]
 
     def _sparsify(self):
@@ -228,21 +233,21 @@ class TopK(HasBudget, Optimizer):
         the inner optimizer (LBFGS evaluates it several times), each evaluation
         followed by the selection.
         """
-        if closure is not None:
-            return self._step_with_closure(closure)
-        if fused_step_(self):
-            return None
-        selected = self._sparsify()
-        full = selected is None or selected[2] >= selected[3]
-        lrs = None if full else self._sparse_sgd_lrs()
-        if lrs is not None:
-            apply_sparse_sgd_(self._grads.buckets[0], lrs, *selected[:2])
-        else:
-            with self._grads.absent_as_none():
-                self.optimizer.step()
-        if selected is not None:
-            # until the buffer changes again, only these coordinates are non-zero
-            self._grads.sparse = (self._grads.buckets[0].grad._version, selected[0])
+        with self._grads.held():
+            if closure is not None:
+                return self._step_with_closure(closure)
+            if fused_step_(self):
+                return None
+            selected = self._sparsify()
+            full = selected is None or selected[2] >= selected[3]
+            lrs = None if full else self._sparse_sgd_lrs()
+            if lrs is not None:
+                apply_sparse_sgd_(self._grads.buckets[0], lrs, *selected[:2])
+            else:
+                with self._grads.absent_as_none():
+                    self.optimizer.step()
+            if selected is not None:
+                self._grads.mark_sparse(selected[0])
         return None
 
     def _sparse_sgd_lrs(self) -> list[float] | None:

@@ -1,5 +1,5 @@
 """``gradsift bench iteration [--device cuda|cpu]``: a whole training iteration
-(``zero_grad``, forward and backward, under bf16 autocast on a GPU, then ``step``)
+(``zero_grad(set_to_none=True)``, forward and backward, under bf16 autocast on a GPU, then ``step``)
 with dense steps against ``TopK`` at densities 0.1% and 1%, on models no one here
 wrote where their libraries import: torchvision's ResNet-50 (SGD) and Hugging Face's
 GPT-2 small with its tied embedding (SGD and AdamW). Elsewhere, and on CPU, the
@@ -133,7 +133,7 @@ def _rows_of(model_name, make_model, batch_fn, loss_fn, kind, dev, repeats):
         x, y = batch_fn()
 
         def step(model=model, opt=opt, x=x, y=y):
-            opt.zero_grad()
+            opt.zero_grad(set_to_none=True)  # torch's default; TopK frees its buffer
             with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
                 loss = loss_fn(model, x, y)
             loss.backward()
