@@ -130,3 +130,25 @@ def test_fused_step_holds_out_parameters_without_gradient(topk):
     got = run("triton")
     assert got[2] == [True] * 4, "the fused path ran"
     assert_same(got, run("torch"))
+
+
+def test_an_assigned_zero_gradient_stays_present_where_the_fused_step_falls_back():
+    # backward fills three gradients, the fourth is assigned zeros: it has a gradient
+    # (weight decay acts on it), also once the fused check re-pointed it at its view
+    def run(backend):
+        ps = params()
+        opt = TopK(torch.optim.SGD(ps, lr=0.1, weight_decay=0.5), backend=backend, density=1.0)
+        for step in range(2):
+            gs = gradient(ps, step)
+            sum((p * g).sum() for p, g in zip(ps[:3], gs)).backward()
+            ps[3].grad = torch.zeros_like(ps[3])
+            opt.step()
+            assert opt.found_nonfinite is None
+            assert opt.fallback_steps == (backend != "torch") * (step + 1)
+            opt.zero_grad()
+        return ps, opt, None
+
+    before = params()[3].detach().clone()
+    got = run("triton")
+    assert not torch.equal(got[0][3].detach(), before), "weight decay must reach it"
+    assert_same(got, run("torch"))

@@ -77,6 +77,7 @@ class FlatBucket:
         self.numel, self.dtype, self.device = grad.numel(), grad.dtype, grad.device
         self.zero_version = -1  # ``grad._version`` when last zeroed (nothing written since)
         self.generation = 0  # how many buffers were allocated after the first
+        self.assigned: set[int] = set()  # gradients copied in since the buffer was zeroed
         self._held: torch.Tensor | None = None
         self._ref = weakref.ref(grad)
         self._views: list | None = None
@@ -96,6 +97,7 @@ class FlatBucket:
             flat = torch.empty(self.numel, dtype=self.dtype, device=self.device)
             self._ref, self._views = weakref.ref(flat), None
             self.zero_version, self.generation = -1, self.generation + 1
+            self.assigned.clear()
         self._held = flat
         return flat
 
@@ -148,7 +150,8 @@ class FlatBucket:
         """Which parameters have a gradient this step (call before ``attach_grads_``).
 
         A gradient that backward reached (``touched``) or that the user assigned is
-        present. An untouched view of the buffer is present only if something wrote
+        present, also once ``attach_grads_`` copied it in (until the buffer is
+        zeroed). An untouched view of the buffer is present only if something wrote
         into the buffer since it was zeroed: when backward reached no parameter at
         all, any write counts for every view (gradients set in place by hand);
         otherwise only a view that is not all zeros.
@@ -162,7 +165,7 @@ class FlatBucket:
         for i, p in enumerate(self.params):
             if p.grad is None:
                 out.append(False)
-            elif id(p) in touched or not self.owns_grad(i):
+            elif id(p) in touched or i in self.assigned or not self.owns_grad(i):
                 out.append(True)
             else:
                 out.append(written and (not any_touched or bool(p.grad.any())))
@@ -170,6 +173,7 @@ class FlatBucket:
 
     def mark_zeroed(self) -> None:
         self.zero_version = self.grad._version
+        self.assigned.clear()
 
     def matches(self) -> bool:
         """Whether every parameter still has the bucket's dtype and device.
@@ -193,6 +197,7 @@ class FlatBucket:
             else:  # a sparse gradient is densified: top-k reads every coordinate
                 view.copy_(p.grad.to_dense() if p.grad.layout != torch.strided else p.grad)
                 p.grad = view
+                self.assigned.add(i)
 
 
 def build_buckets(params: list[torch.Tensor], *, state: tuple[str, ...] = ()) -> list[FlatBucket]:
