@@ -34,7 +34,7 @@ import time
 import torch
 from torch.nn.utils import prune
 
-from gradsift.lab.bench.memory import peak_rss, reset_peak_rss
+from gradsift.lab.bench.memory import peak_and_current_rss, peak_rss, reset_peak_rss
 from gradsift.lab.bench.prune_networks import NETWORKS, build
 from gradsift.lab.tables import columns
 
@@ -57,14 +57,6 @@ ANCHOR = "torch global_unstructured L1"
 TRAIN_STEP = "training step (SGD)"
 CASES = (ANCHOR, "magnitude", "snip", "synflow", "random", "grasp")
 TRANSFORMER_CASES = (ANCHOR, "magnitude", "random", "snip", "synflow", "grasp", TRAIN_STEP)
-
-
-def _rss() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return 1024 * int(line.split()[1])
-    raise RuntimeError("VmRSS not in /proc/self/status")
 
 
 def iterations(case: str, network: str) -> int:
@@ -120,7 +112,7 @@ def measure(
     if device == "cuda":
         peak, now = torch.cuda.max_memory_allocated(), torch.cuda.memory_allocated()
     else:
-        peak, now = peak_rss(), _rss()
+        peak, now = peak_and_current_rss()
     return {
         "seconds": seconds,
         "extra_peak": (peak - before) / param_bytes,
