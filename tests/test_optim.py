@@ -243,10 +243,12 @@ def test_flat_path_holds_out_parameters_without_gradient(monkeypatch, inner, top
     "topk",
     [{"density": 0.01}, {"density": 0.01, "momentum_correction": 0.5}, {"k": 3000}],
 )
-def test_flat_path_selects_across_dtype_buckets(monkeypatch, topk):
+@pytest.mark.parametrize("scope", ["global", "layer"])
+def test_flat_path_selects_across_dtype_buckets(monkeypatch, topk, scope):
     # float32 and float64 parameters (two buckets) select one global top-k in place,
-    # as the concatenation does, parameters without a gradient held out; dyadic
-    # gradients keep every sum exact in both dtypes
+    # as the concatenation does, parameters without a gradient held out (or each
+    # parameter alone on its slices, scope="layer"); dyadic gradients keep every sum
+    # exact in both dtypes
     import gradsift.optim.grads as grads_module
 
     def no_concatenation(*args, **kwargs):
@@ -258,7 +260,7 @@ def test_flat_path_selects_across_dtype_buckets(monkeypatch, topk):
     spec += [((20_000,), torch.float64)]
     params = [nn.Parameter((torch.randint(-64, 65, s) / 64).to(d)) for s, d in spec]
     ref = [nn.Parameter(p.detach().clone()) for p in params]
-    opt = TopK(torch.optim.SGD(params, lr=0.5), **topk)
+    opt = TopK(torch.optim.SGD(params, lr=0.5), scope=scope, **topk)
     ref_opt = torch.optim.SGD(ref, lr=0.5)
     assert len(opt._grads.buckets) == 2
     m = topk.get("momentum_correction")
@@ -276,7 +278,12 @@ def test_flat_path_selects_across_dtype_buckets(monkeypatch, topk):
             q.grad = None if i == missing else g.clone()
         opt.step()
         sparsify_grads_(
-            ref, residuals=residuals, velocities=velocities, momentum_correction=m, **budget
+            ref,
+            residuals=residuals,
+            velocities=velocities,
+            momentum_correction=m,
+            scope=scope,
+            **budget,
         )
         ref_opt.step()
         for i, (p, q) in enumerate(zip(params, ref)):

@@ -41,7 +41,8 @@ class Workspace:
     """Buffers the fused variant reuses across calls (fresh multi-MB buffers
     page-fault on every call, which costs more than the work).
 
-    ``keys``: one block key per ``BLOCK`` elements; ``scratch``: a chunk of integer
+    ``keys``: one block key per ``BLOCK`` elements (of the largest vector seen; a
+    smaller one uses its front); ``scratch``: a chunk of integer
     bits, needed only without error feedback (with it, the gradient chunk about to
     be zeroed lends its memory).
     """
@@ -56,7 +57,7 @@ class Workspace:
         like = (dtype, x.device)
         if (
             self.keys is None
-            or self.keys.numel() != n
+            or self.keys.numel() < n
             or (self.keys.dtype, self.keys.device) != like
         ):
             self.keys = torch.empty(n, dtype=dtype, device=x.device)
@@ -64,7 +65,7 @@ class Workspace:
         s = self.scratch
         if need_scratch and (s is None or s.numel() < size or (s.dtype, s.device) != like):
             self.scratch = torch.empty(size, dtype=dtype, device=x.device)
-        return self.keys, self.scratch if need_scratch else None
+        return self.keys[:n], self.scratch if need_scratch else None
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.keys, self.scratch) if t is not None)

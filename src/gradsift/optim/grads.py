@@ -83,8 +83,8 @@ class GradSet:
         path with one bucket holding every gradient (global scope), else None.
 
         Several buckets (dtypes) on one device holding every gradient select globally
-        in place (``sparsify_buckets_``); anything else concatenates
-        (``sparsify_tensors_``).
+        in place (``sparsify_buckets_``), ``scope="layer"`` on each parameter's slices;
+        anything else concatenates (``sparsify_tensors_``).
         """
         devices = {b.device for b in self.buckets}
         if scope == "global" and in_buckets and len(devices) == 1:
@@ -113,9 +113,29 @@ class GradSet:
                     workspace=self.workspaces[0],
                 )
             return idx, vals, k, n
+        if scope == "layer" and in_buckets:
+            self._select_each(budget, momentum or 0.0)
+            return None
         triples = [(p.grad, own(p, "residual"), own(p, "momentum")) for p in present]
         sparsify_tensors_(triples, budget, scope=scope, momentum=momentum or 0.0)
         return None
+
+    def _select_each(self, budget: Budget, momentum: float) -> None:
+        """``scope="layer"``: each parameter with a gradient selects alone, on its
+        slices of the buffers (no copy)."""
+        for b, flags, workspace in zip(self.buckets, self.flags, self.workspaces):
+            r, u = b.state.get("residual"), b.state.get("momentum")
+            for p, o, f in zip(b.params, b.offsets, flags):
+                if f:
+                    part = slice(o, o + p.numel())
+                    sparsify_(
+                        b.grad[part],
+                        budget.resolve(p.numel()),
+                        residual=None if r is None else r[part],
+                        velocity=None if u is None else u[part],
+                        momentum=momentum,
+                        workspace=workspace,
+                    )
 
     def present_count(self, i: int) -> int:
         """Coordinates of bucket ``i`` whose parameter has a gradient this step."""
