@@ -128,9 +128,10 @@ def _job(rank, world, port, model_name, name, steps, batch, out) -> None:
         row = _run_variant(name, model_name, steps, batch, rank, world)
     except Exception as exc:  # noqa: BLE001 - a hook that fails is a result to report
         row = {"hook": name, "error": f"{type(exc).__name__}: {exc}"[:160]}
-    dist.barrier()
     if rank == 0:
         atomic_write_json(out, row)
+    # no rank tears its group down while the other still works (see launch.run_rank)
+    dist.barrier()
     dist.destroy_process_group()
 
 
