@@ -16,9 +16,10 @@ Without error feedback ``a = g`` and the rest is dropped. References: Seide et a
 Lin et al., "Deep Gradient Compression" (ICLR 2018, arXiv:1712.01887), Sec. 3.2.
 
 Two implementations compute the same selection, as torch keeps ``_single_tensor_sgd``
-beside ``_multi_tensor_sgd``: ``_single_pass`` (whole-vector ops, any layout) and
-``_fused_chunked``, which adds, computes block keys and zeroes the gradient chunk by
-chunk while the chunk is in cache, about one pass over memory.
+beside ``_multi_tensor_sgd``: ``_single_pass`` (whole-vector ops, any layout, any
+device) and ``_fused_chunked`` (CPU, with a ``Workspace``), which adds, computes block
+keys and zeroes the gradient chunk by chunk while the chunk is in cache, about one
+pass over memory.
 """
 
 from __future__ import annotations
@@ -84,8 +85,8 @@ def sparsify_(
     """Keep the top-k of ``grad (+ residual)`` in ``grad``, in place (see module doc).
 
     All tensors are flat, contiguous and alike in dtype and device. With a
-    ``workspace`` the fused chunked variant runs, else the single-pass one; both
-    give the same result. ``velocity`` (DGC) needs ``residual``.
+    ``workspace`` on CPU the fused chunked variant runs, else the single-pass one;
+    both give the same result. ``velocity`` (DGC) needs ``residual``.
 
     Returns ``(indices, values)`` of the kept coordinates, indices ascending.
     """
@@ -142,8 +143,11 @@ def _check_states(residual, velocity) -> None:
 
 def _accumulate_and_select_(grad, k, residual, velocity, momentum, workspace):
     """Error feedback into the vector to select on, and its top-k indices (ascending):
-    ``(src, idx, zeroed)``, ``zeroed`` where the fused pass already zeroed ``grad``."""
-    if workspace is None or k >= grad.numel():
+    ``(src, idx, zeroed)``, ``zeroed`` where the fused pass already zeroed ``grad``.
+
+    The chunked pass is for a CPU's caches; on a GPU each chunk would be a handful of
+    launches (a thousand chunks at 1B), so whole-vector operations run there."""
+    if workspace is None or k >= grad.numel() or grad.device.type != "cpu":
         src = _accumulate_(grad, residual, velocity, momentum)
         return src, _keep_all(src) if k >= src.numel() else topk_indices(src, k), False
     src = residual if residual is not None else grad
