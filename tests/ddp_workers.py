@@ -338,6 +338,16 @@ def abort_in_variant(rank, world, port, model_name, name, steps, batch, out):
     ddp_step._job(rank, world, port, model_name, name, steps, batch, out)
 
 
+def abort_after_variant(rank, world, port, model_name, name, steps, batch, out):
+    """``gradsift bench ddp``'s rank job, after which rank 1 dies by SIGABRT (a
+    stand-in for a crash in the process group's teardown)."""
+    from gradsift.lab.bench import ddp_step
+
+    ddp_step._job(rank, world, port, model_name, name, steps, batch, out)
+    if rank == 1:
+        os.abort()
+
+
 def another_ranks_state(rank, world, port, queue, case):
     """Resume the hook from a per-rank checkpoint gone wrong: ``"rank 0's"`` (every
     rank loads rank 0's state), ``"world 4"`` (a state saved by 4 ranks), or

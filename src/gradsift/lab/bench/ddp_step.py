@@ -10,6 +10,7 @@ loopback, every byte the ranks exchanged, divided by the ranks.
 
 from __future__ import annotations
 
+import logging
 import os
 import statistics
 import tempfile
@@ -31,6 +32,8 @@ from gradsift.lab.tables import Column, columns
 from gradsift.lab.training import fit
 
 __all__ = ["bench_ddp", "COLUMNS"]
+
+log = logging.getLogger(__name__)
 
 _WARMUP = 3  # steps not timed: dense starts, DDP's bucket rebuild, PowerSGD's start
 
@@ -145,12 +148,18 @@ def _isolated(fn, args: tuple, nproc: int, name: str) -> dict:
     aborting in gloo, say) then becomes that variant's ``error`` instead of ending
     the whole benchmark."""
     with tempfile.TemporaryDirectory(prefix="gradsift-bench-ddp-") as tmp:
-        out = str(Path(tmp) / "row.json")
+        out = Path(tmp) / "row.json"
         try:
-            run_processes(fn, (*args, out), nproc)
+            run_processes(fn, (*args, str(out)), nproc)
         except RankFailedError as exc:
-            return {"hook": name, "error": str(exc)}
-        return read_json(out)
+            if not out.exists():
+                return {"hook": name, "error": str(exc)}
+            # rank 0 writes the row once every timed step's collectives are done: a
+            # rank that died after that died tearing down (torch's gloo teardown
+            # aborts now and then, "terminate called without an active exception")
+            log.warning("%s: %s after the row was measured; the row is kept", name, exc)
+            return {**read_json(str(out)), "teardown_error": str(exc)}
+        return read_json(str(out))
 
 
 def _two_ranks(model, variants, steps, batch, job=None) -> list[dict]:
