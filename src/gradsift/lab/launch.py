@@ -4,6 +4,7 @@ each process joins directly: ``torchrun --nproc-per-node 2 -m gradsift train ...
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 import tempfile
@@ -16,13 +17,30 @@ from gradsift.lab.atomic import atomic_write_json, read_json
 from gradsift.lab.parallel import init_process_group
 from gradsift.lab.runs import RunSpec, run_one
 
-__all__ = ["RankFailedError", "free_port", "run_processes", "run_rank", "spawn", "under_torchrun"]
+__all__ = [
+    "RankFailedError",
+    "free_cycles",
+    "free_port",
+    "run_processes",
+    "run_rank",
+    "spawn",
+    "under_torchrun",
+]
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def free_cycles() -> None:
+    """Collect cyclic garbage before a process group is torn down: a
+    ``DistributedDataParallel`` is kept alive by a reference cycle after its last
+    use, and left to the interpreter's finalization its process group is destroyed
+    with the interpreter half gone (a SIGABRT now and then, "terminate called
+    without an active exception"; pytorch/pytorch#179291 describes the crash)."""
+    gc.collect()
 
 
 def under_torchrun() -> bool:
@@ -37,6 +55,7 @@ def run_rank(
     init_process_group(rank, world, spec.train.device, timeout_s)
     try:
         record = run_one(spec, rank=rank, world=world, checkpoint_dir=checkpoint_dir)
+        free_cycles()
         # no rank tears its group down while another is still working (rank 0
         # evaluates and writes after training): without this, a rank exiting early
         # aborted in 3 of 10 torchrun runs ("terminate called without an active

@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from gradsift.lab.atomic import atomic_write_json, read_json
 from gradsift.lab.comm import make_hook
-from gradsift.lab.launch import RankFailedError, free_port, run_processes
+from gradsift.lab.launch import RankFailedError, free_cycles, free_port, run_processes
 from gradsift.lab.models import build_model, list_models
 from gradsift.lab.shaping import ENV, loopback_bytes, run_shaped
 from gradsift.lab.tables import Column, columns
@@ -131,6 +131,7 @@ def _job(rank, world, port, model_name, name, steps, batch, out) -> None:
         row = _run_variant(name, model_name, steps, batch, rank, world)
     except Exception as exc:  # noqa: BLE001 - a hook that fails is a result to report
         row = {"hook": name, "error": f"{type(exc).__name__}: {exc}"[:160]}
+    free_cycles()
     if rank == 0:
         atomic_write_json(out, row)
     # no rank tears its group down while the other still works (see launch.run_rank)
