@@ -7,7 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gradsift import sparsify_grads_
-from gradsift.optim.error_feedback import Workspace, sparsify_, sparsify_buckets_
+from gradsift.optim.error_feedback import sparsify_, sparsify_buckets_
+from gradsift.optim.workspace import Workspace
 
 
 def _vectors(n, seed, dtype):

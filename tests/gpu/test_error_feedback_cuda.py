@@ -4,7 +4,8 @@ has none)."""
 import pytest
 import torch
 
-from gradsift.optim.error_feedback import Workspace, sparsify_
+from gradsift.optim.error_feedback import sparsify_
+from gradsift.optim.workspace import Workspace
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA GPU (CI runs on CPU only)"

@@ -33,7 +33,8 @@ from gradsift.budget import Budget, HasBudget
 from gradsift.checks import check_choice, check_float, check_int
 from gradsift.distributed import encoding as wire
 from gradsift.distributed.warmup import check_schedule, density_at
-from gradsift.optim.error_feedback import Workspace, check_momentum_correction, sparsify_
+from gradsift.optim.error_feedback import check_momentum_correction, sparsify_
+from gradsift.optim.workspace import Workspace
 
 __all__ = ["TopKHookState", "compress_", "compress_into_", "match_layout_", "message_bytes"]
 

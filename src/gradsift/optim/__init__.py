@@ -2,7 +2,8 @@
 
 - ``topk``: the ``TopK`` wrapper (``torch.optim`` protocol, state, dispatch to the
   fused GPU step).
-- ``error_feedback``: ``sparsify_grads_`` and the functional core on tensors.
+- ``error_feedback``: ``sparsify_grads_`` and the functional core on tensors;
+  ``workspace``: the buffers its chunked CPU pass reuses.
 - ``grads``: the step's gradients as flat buckets; ``flat_buffer``: the buckets.
 - ``sparse_sgd``: the sparse SGD update; ``state_dict``: the state merge.
 """
