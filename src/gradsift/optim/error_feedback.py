@@ -87,9 +87,7 @@ def sparsify_buckets_(
         _accumulate_and_select_(g, min(k, g.numel()), r, u, momentum, w)
         for (g, r, u), w in zip(flats, workspaces)
     ]
-    dtype = flats[0][0].dtype
-    for g, _, _ in flats:
-        dtype = torch.promote_types(dtype, g.dtype)
+    dtype = _widest_dtype(flats)
     keys = torch.cat([torch.index_select(src, 0, idx).to(dtype) for src, idx, _ in picked])
     chosen = topk_indices(keys, k) if k < keys.numel() else _keep_all(keys)
     starts = list(accumulate((idx.numel() for _, idx, _ in picked), initial=0))
@@ -101,6 +99,15 @@ def sparsify_buckets_(
         kept = torch.index_select(idx, 0, chosen[lo:hi] - start)
         out.append(_keep_(g, src, kept, r, u, zeroed))
     return out
+
+
+def _widest_dtype(triples) -> torch.dtype:
+    """The dtype every gradient of ``(grad, residual, velocity)`` triples converts to
+    exactly."""
+    dtype = triples[0][0].dtype
+    for g, _, _ in triples:
+        dtype = torch.promote_types(dtype, g.dtype)
+    return dtype
 
 
 def _check_states(residual, velocity) -> None:
@@ -248,9 +255,7 @@ def sparsify_tensors_(triples, budget: Budget, *, scope: str, momentum: float = 
 
 
 def _sparsify_concatenated_(triples, budget: Budget, momentum: float) -> int:
-    dtype = triples[0][0].dtype
-    for g, _, _ in triples:
-        dtype = torch.promote_types(dtype, g.dtype)
+    dtype = _widest_dtype(triples)
 
     def flat(j):
         if triples[0][j] is None:

@@ -105,17 +105,12 @@ class FlatBucket:
         """Leave the buffer to the gradient views (freed once none is left)."""
         self._held = None
 
-    def forget_(self) -> None:
-        """Drop the buffer: the next step allocates a new one, so a gradient someone
-        kept from this one is never written again."""
-        self._held = self._ref = None
-
     def drop_if_orphaned_(self) -> None:
-        """``forget_`` a buffer that no ``p.grad`` views any more (someone else keeps
-        it alive: their tensor must not change, as torch never writes a dropped
-        gradient again)."""
+        """Drop a buffer that no ``p.grad`` views any more, so that the next step
+        allocates a new one (someone else keeps it alive: their tensor must not
+        change, as torch never writes a dropped gradient again)."""
         if self._held is None and not any(self.owns_grad(i) for i in range(len(self.params))):
-            self.forget_()
+            self._ref = None
 
     def view(self, flat: torch.Tensor, i: int) -> torch.Tensor:
         """The slice of ``flat`` that belongs to ``params[i]``, shaped like it, with its

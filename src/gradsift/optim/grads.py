@@ -16,13 +16,9 @@ import torch
 
 from gradsift.budget import Budget
 from gradsift.checks import check_finite_grads
-from gradsift.optim.error_feedback import (
-    Workspace,
-    sparsify_,
-    sparsify_buckets_,
-    sparsify_tensors_,
-)
+from gradsift.optim.error_feedback import sparsify_, sparsify_buckets_, sparsify_tensors_
 from gradsift.optim.flat_buffer import FlatBucket, GradTracker, build_buckets
+from gradsift.optim.workspace import Workspace
 
 __all__ = ["GradSet"]
 

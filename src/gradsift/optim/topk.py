@@ -83,10 +83,10 @@ class TopK(HasBudget, Optimizer):
     (``zero_grad(set_to_none=True)``, ``model.zero_grad()``) frees the buffer until the
     next step, as torch frees gradients, so between steps TopK holds only its
     residuals (and velocities); the default keeps one gradient's bytes through the
-    forward pass, as ``set_to_none=False`` does in torch. The global selection runs in place on the
-    buffers, several dtypes included (each accumulates error feedback in its own
-    dtype, as a model of one dtype does); parameters without a gradient this step are
-    held out of it.
+    forward pass, as ``set_to_none=False`` does in torch. The global selection runs in
+    place on the buffers, several dtypes included (each accumulates error feedback in
+    its own dtype, as a model of one dtype does); parameters without a gradient this
+    step are held out of it.
 
     ``state_dict()`` is the inner optimizer's plus the residuals (and velocities), so
     checkpoints resume bit for bit. The inner optimizer's own state is

@@ -1,9 +1,10 @@
 """``gradsift bench iteration [--device cuda|cpu]``: a whole training iteration
-(``zero_grad(set_to_none=True)``, forward and backward, under bf16 autocast on a GPU, then ``step``)
-with dense steps against ``TopK`` at densities 0.1% and 1%, on models no one here
-wrote where their libraries import: torchvision's ResNet-50 (SGD) and Hugging Face's
-GPT-2 small with its tied embedding (SGD and AdamW). Elsewhere, and on CPU, the
-lab's ResNet-18 and a small tied-embedding transformer stand in at small sizes.
+(``zero_grad(set_to_none=True)``, forward and backward, under bf16 autocast on a
+GPU, then ``step``) with dense steps against ``TopK`` at densities 0.1% and 1%, on
+models no one here wrote where their libraries import: torchvision's ResNet-50 (SGD)
+and Hugging Face's GPT-2 small with its tied embedding (SGD and AdamW). Elsewhere,
+and on CPU, the lab's ResNet-18 and a small tied-embedding transformer stand in at
+small sizes.
 
 Per row: the median iteration time (CUDA events on a GPU), its ratio to the faster
 dense step of the same optimizer, the peak memory (``torch.cuda.max_memory_allocated``
