@@ -39,9 +39,7 @@ def flat_like(tensors, dtype: torch.dtype | None = None) -> list[torch.Tensor]:
     tensors = list(tensors)
     if not tensors:
         return []
-    return flat_views(
-        [t.shape for t in tensors], dtype or tensors[0].dtype, tensors[0].device
-    )
+    return flat_views([t.shape for t in tensors], dtype or tensors[0].dtype, tensors[0].device)
 
 
 def shared_flat(tensors) -> torch.Tensor | None:

@@ -230,6 +230,6 @@ def shuffle_masks(
     gen = generator if generator is not None else torch.Generator().manual_seed(0)
     out = {}
     for name, m in masks.items():
-        perm = torch.randperm(m.numel(), generator=gen).to(m.device)
+        perm = torch.randperm(m.numel(), generator=gen, device=gen.device).to(m.device)
         out[name] = m.reshape(-1)[perm].view_as(m).clone()
     return out

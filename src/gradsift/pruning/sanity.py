@@ -73,7 +73,7 @@ def reinit_(
     with torch.no_grad():
         for module, attr in prunable(model, list(masks)).values():
             w = original(module, attr)
-            perm = torch.randperm(w.numel(), generator=gen).to(w.device)
+            perm = torch.randperm(w.numel(), generator=gen, device=gen.device).to(w.device)
             w.copy_(w.reshape(-1)[perm].view_as(w))
 
 

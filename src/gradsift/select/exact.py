@@ -36,7 +36,7 @@ def sample_positions(n: int, device: torch.device) -> torch.Tensor:
     again each time costs more than gathering them. Read-only (shared between calls).
     """
     gen = torch.Generator().manual_seed(_SEED)
-    return torch.randint(0, n, (SAMPLE,), generator=gen).to(device)
+    return torch.randint(0, n, (SAMPLE,), generator=gen, device="cpu").to(device)
 
 
 def exact(keys: torch.Tensor, idx: torch.Tensor | None, k: int) -> torch.Tensor:

@@ -98,7 +98,7 @@ def _as_float(t, keys: torch.Tensor, dtype: torch.dtype) -> float:
     """A block-key threshold as the float it encodes (integer keys are bit patterns)."""
     if keys.is_floating_point():
         return t
-    return float(torch.tensor(t, dtype=keys.dtype).view(dtype))
+    return float(torch.tensor(t, dtype=keys.dtype, device="cpu").view(dtype))
 
 
 def _as_key(t: float, keys: torch.Tensor, dtype: torch.dtype):
@@ -106,7 +106,7 @@ def _as_key(t: float, keys: torch.Tensor, dtype: torch.dtype):
     value of ``dtype`` or a float32 rounding of one, so it converts exactly."""
     if keys.is_floating_point():
         return t
-    return int(torch.tensor(t, dtype=dtype).view(keys.dtype))
+    return int(torch.tensor(t, dtype=dtype, device="cpu").view(keys.dtype))
 
 
 def nonzero_1d(mask: torch.Tensor) -> torch.Tensor:

@@ -104,9 +104,12 @@ def _round(model, targets, shape, gen, epsilon, repeats, reinit):
         if reinit:
             _reinit_(model, targets, gen)
         theta = [original(m, a).detach() for m, a in targets.values()]
-        x = torch.randn(shape, generator=gen, dtype=theta[0].dtype).to(device)
+        x = torch.randn(shape, generator=gen, dtype=theta[0].dtype, device="cpu").to(device)
         _batch_statistics_(model, x)
-        delta = [torch.randn(t.shape, generator=gen, dtype=t.dtype).to(device) for t in theta]
+        delta = [
+            torch.randn(t.shape, generator=gen, dtype=t.dtype, device="cpu").to(device)
+            for t in theta
+        ]
         c = [torch.ones_like(t, requires_grad=True) for t in theta]
         f0 = forward(model, x, {p: t * ci for p, t, ci in zip(paths, theta, c)})
         moved = {p: (t + epsilon * d) * ci for p, t, d, ci in zip(paths, theta, delta, c)}
@@ -127,7 +130,7 @@ def _reinit_(model: nn.Module, targets: dict, gen: torch.Generator) -> None:
                 )
             fan_in = w.shape[0] if is_conv1d(m) else w.shape[1] * math.prod(w.shape[2:])
             std = math.sqrt(2.0 / fan_in)
-            w.copy_(torch.randn(w.shape, generator=gen, dtype=w.dtype).mul_(std))
+            w.copy_(torch.randn(w.shape, generator=gen, dtype=w.dtype, device="cpu").mul_(std))
         for m in model.modules():
             if isinstance(m, nn.modules.batchnorm._NormBase) and m.affine:
                 m.weight.fill_(1.0)

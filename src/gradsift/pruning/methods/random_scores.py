@@ -14,9 +14,11 @@ from gradsift.pruning.sharded_scoring import local_rows
 def random_scores(model, targets, data=None, *, seed: int = 0):
     """Independent ``U(0, 1)`` scores from ``torch.Generator().manual_seed(seed)``."""
     gen = torch.Generator().manual_seed(seed)
+    weights = {name: original(m, a) for name, (m, a) in targets.items()}
+    # drawn on the CPU in a fixed order: the same scores on every device
     return {
-        name: torch.rand(original(m, a).shape, generator=gen).to(original(m, a).device)
-        for name, (m, a) in targets.items()
+        name: torch.rand(w.shape, generator=gen, device="cpu").to(w.device)
+        for name, w in weights.items()
     }
 
 

@@ -118,9 +118,9 @@ class FusedStep:
             search = max(1, math.ceil(math.log2(len(params))))
             padded = list(offsets) + [n] * ((1 << search) + 1 - len(params))
             host = (
-                torch.tensor(key[0], dtype=torch.int64),
-                torch.tensor(padded, dtype=torch.int64),
-                torch.tensor(lrs, dtype=torch.float32),
+                torch.tensor(key[0], dtype=torch.int64, device="cpu"),
+                torch.tensor(padded, dtype=torch.int64, device="cpu"),
+                torch.tensor(lrs, dtype=torch.float32, device="cpu"),
             )
             # pinned + non_blocking: the copy does not wait for the device
             pinned = dev.type == "cuda"
