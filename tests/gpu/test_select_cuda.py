@@ -4,9 +4,12 @@ tests of ``tests/test_topk_triton.py`` run here too, compiled instead of interpr
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from gradsift import topk_indices
 from gradsift.select import dispatch
+from gradsift.select.triton.radix import histogram
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA GPU (CI runs on CPU only)"
@@ -74,30 +77,27 @@ def test_torch_path_on_cuda_is_exact(absolute):
         torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0)
 
 
+@triton.jit
+def _histogram_of_a_reshaped_tile(d_ptr, n, p, out_ptr):
+    # at module scope: a kernel resolves the helpers it calls through its globals
+    idx = tl.arange(0, 128)[:, None] * 32 + tl.arange(0, 32)[None, :]
+    valid2 = idx < n
+    d2 = tl.load(d_ptr + idx, mask=valid2, other=0).to(tl.uint32)
+    key = tl.reshape(d2 << 24, (4096,))
+    valid = tl.reshape(valid2, (4096,))
+    prefix = tl.full([], 0, tl.uint32)
+    tl.store(out_ptr + tl.arange(0, 256), histogram(key, valid, prefix, p, 32))
+
+
 def test_histogram_helper_on_a_tile_reshaped_from_2d():
     # the root cause of the signed-selection bug on triton 3.6 / sm_90: tl.histogram's
     # mask= paired with the wrong lanes of a tile reshaped from 2-D (12 of 16 valid
     # keys landed in bin 0). gradsift's helper never passes mask=; it must count
     # exactly on such a tile too.
-    import triton
-    import triton.language as tl
-
-    from gradsift.select.triton.radix import histogram
-
-    @triton.jit
-    def kernel(d_ptr, n, p, out_ptr):
-        idx = tl.arange(0, 128)[:, None] * 32 + tl.arange(0, 32)[None, :]
-        valid2 = idx < n
-        d2 = tl.load(d_ptr + idx, mask=valid2, other=0).to(tl.uint32)
-        key = tl.reshape(d2 << 24, (4096,))
-        valid = tl.reshape(valid2, (4096,))
-        prefix = tl.full([], 0, tl.uint32)
-        tl.store(out_ptr + tl.arange(0, 256), histogram(key, valid, prefix, p, 32))
-
     gen = torch.Generator().manual_seed(5)
     for n in (16, 1000, 4096):
         d = torch.randint(1, 256, (4096,), generator=gen, dtype=torch.int32)
         out = torch.zeros(256, dtype=torch.int32, device="cuda")
-        kernel[(1,)](d.cuda(), n, 0, out)
+        _histogram_of_a_reshaped_tile[(1,)](d.cuda(), n, 0, out)
         expected = torch.bincount(d[:n].long(), minlength=256).int()
         torch.testing.assert_close(out.cpu(), expected, rtol=0, atol=0)

@@ -25,7 +25,7 @@ def net(dtype=torch.float32):
     return convnet(hidden=512).to(dtype)
 
 
-def data(device, dtype=torch.float32, n_batches=2, n=30):
+def data(device, dtype=torch.float32, n_batches=2, n=45):  # GraSP: 25 per class
     gen = torch.Generator().manual_seed(0)
     return [
         (
@@ -39,7 +39,7 @@ def data(device, dtype=torch.float32, n_batches=2, n=30):
 def iterations(method):
     # the paper's rounds (SynFlow: 100): near the end, rounds keep almost every live
     # weight, so the selection sees pruned weights at the k-th position
-    return min(gradsift.get_method(method).paper_iterations, 100)
+    return min(gradsift.pruning.get_method(method).paper_iterations, 100)
 
 
 @pytest.mark.parametrize("method", METHODS)
