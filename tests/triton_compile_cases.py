@@ -6,6 +6,8 @@ Run as a script by ``test_triton_compile.py``, in a process without
 cannot be compiled). Prints one line per kernel variant compiled.
 """
 
+import re
+
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -25,12 +27,15 @@ STAGE_SIG = dict(
 )  # fmt: skip
 
 
-def compile_sm90(fn, signature: dict, constexprs: dict) -> int:
-    """Bytes of the cubin ``fn`` compiles to with these argument types and constants."""
+def compile_sm90(fn, signature: dict, constexprs: dict) -> tuple[int, str]:
+    """Bytes of the cubin ``fn`` compiles to with these argument types and constants,
+    and ``i64`` if it multiplies in 64 bits (a program's first position must, where
+    positions pass 2**31), else ``i32``."""
     sig = dict(signature) | {name: "constexpr" for name in constexprs}
     src = ASTSource(fn, sig, constexprs=constexprs)
     kernel = triton.compile(src, target=TARGET, options={"enable_fp_fusion": False})
-    return len(kernel.asm["cubin"])
+    wide = re.search(r"arith\.muli [^:]+: i64", kernel.asm["ttir"])
+    return len(kernel.asm["cubin"]), "i64" if wide else "i32"
 
 
 def stage_cases():
@@ -42,7 +47,7 @@ def stage_cases():
         if wide:
             sig |= {"n": "i64", "nblocks": "i64", "cap": "i64", "ecap": "i64", "k": "i64"}
         consts = dict(STAGE=stage, MODE=2, BITS=32, BLOCK=block, OUT=out, WIDE=wide)
-        yield f"stage {stage}-{out}-{block}-{wide}", stage_kernel, sig, consts
+        yield f"stage {stage}-{out}-{block}{'-wide' * wide}", stage_kernel, sig, consts
 
 
 def other_cases():
@@ -51,12 +56,15 @@ def other_cases():
     consts = dict(MODE=2, BITS=16, BLOCK=32, WIDE=False)
     yield "block keys bf16", block_keys_kernel, keys, consts
     write = dict(x_ptr="*fp16", r_ptr="*fp16", u_ptr="*fp16", m="fp32", state_ptr="*i64", n="i32")
-    yield "write fp16", write_kernel, write, dict(MODE=2)
+    yield "write fp16", write_kernel, write, dict(MODE=2, WIDE=False)
+    yield "write fp16-wide", write_kernel, write | {"n": "i64"}, dict(MODE=2, WIDE=True)
     scatter = dict(idx_ptr="*i64", val_ptr="*fp32", x_ptr="*fp32", r_ptr="*fp32", u_ptr="*fp32")
     scatter |= dict(state_ptr="*i64", k="i32", ptrs_ptr="*i64", offsets_ptr="*i64", lrs_ptr="*fp32")
-    yield "scatter+sgd", scatter_kernel, scatter, dict(MODE=2, APPLY=True, SEARCH=6)
+    yield "scatter+sgd", scatter_kernel, scatter, dict(MODE=2, APPLY=True, SEARCH=6, WIDE=False)
+    yield "scatter+sgd-wide", scatter_kernel, scatter, dict(MODE=2, APPLY=True, SEARCH=6, WIDE=True)
 
 
 if __name__ == "__main__":
     for name, fn, sig, consts in [*stage_cases(), *other_cases()]:
-        print(name, compile_sm90(fn, sig, consts), flush=True)
+        size, product = compile_sm90(fn, sig, consts)
+        print(name, product, size, flush=True)

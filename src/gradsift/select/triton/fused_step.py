@@ -56,9 +56,11 @@ _SCATTER = tl.constexpr(SCATTER)
 
 
 @triton.jit
-def write_kernel(x_ptr, r_ptr, u_ptr, m, state_ptr, n, MODE: tl.constexpr):
-    """``r <- a``, ``u <- u'``, ``g <- 0`` everywhere, unless the flag is raised."""
-    idx = tl.program_id(0) * _TILE + tl.arange(0, _TILE)
+def write_kernel(x_ptr, r_ptr, u_ptr, m, state_ptr, n, MODE: tl.constexpr, WIDE: tl.constexpr):
+    """``r <- a``, ``u <- u'``, ``g <- 0`` everywhere, unless the flag is raised.
+    ``WIDE``: 64-bit positions (past 2**31 elements the 32-bit ones wrap negative)."""
+    t = tl.program_id(0)
+    idx = (t.to(tl.int64) * _TILE if WIDE else t * _TILE) + tl.arange(0, _TILE)
     mask = idx < tl.where(tl.load(state_ptr + _FLAG) == 0, n, 0)
     a, added, g = load_source(x_ptr, r_ptr, u_ptr, m, idx, mask, MODE)
     if MODE != 0:
@@ -71,11 +73,12 @@ def write_kernel(x_ptr, r_ptr, u_ptr, m, state_ptr, n, MODE: tl.constexpr):
 @triton.jit
 def scatter_kernel(
     idx_ptr, val_ptr, x_ptr, r_ptr, u_ptr, state_ptr, k, ptrs_ptr, offsets_ptr, lrs_ptr,
-    MODE: tl.constexpr, APPLY: tl.constexpr, SEARCH: tl.constexpr,
+    MODE: tl.constexpr, APPLY: tl.constexpr, SEARCH: tl.constexpr, WIDE: tl.constexpr,
 ):  # fmt: skip
     """On the selected coordinates: ``g = a``, ``r = u = 0`` and, with APPLY,
     ``p -= lr * a`` in the parameter found by binary search of the bucket's offsets."""
-    j = tl.program_id(0) * _SCATTER + tl.arange(0, _SCATTER)
+    t = tl.program_id(0)
+    j = (t.to(tl.int64) * _SCATTER if WIDE else t * _SCATTER) + tl.arange(0, _SCATTER)
     mask = j < tl.where(tl.load(state_ptr + _FLAG) == 0, k, 0)
     i = tl.load(idx_ptr + j, mask=mask, other=0)
     v = tl.load(val_ptr + j, mask=mask, other=0.0)
@@ -148,12 +151,12 @@ class FusedStep:
         def launch():
             sel.run(grad, k, residual=residual, velocity=velocity, momentum=momentum)
             write_kernel[(triton.cdiv(n, TILE),)](
-                *src, sel.state, n, MODE=mode, enable_fp_fusion=False
+                *src, sel.state, n, MODE=mode, WIDE=sel.wide, enable_fp_fusion=False
             )
             scatter_kernel[(triton.cdiv(k, SCATTER),)](
                 sel.indices, sel.values, *src[:3], sel.state, k, *table, MODE=mode,
                 APPLY=lrs is not None, SEARCH=self._search if lrs is not None else 0,
-                enable_fp_fusion=False,
+                WIDE=sel.wide, enable_fp_fusion=False,
             )  # fmt: skip
 
         states = tuple(t.data_ptr() if t is not None else 0 for t in (grad, residual, velocity))
