@@ -85,6 +85,26 @@ def _snapshot(model, opt):
     return params, residuals
 
 
+def nonfinite_on_one_rank(rank, world):
+    """A NaN in rank 1's shard of one gradient: every rank's step raises the same
+    error, and nothing (parameters, residuals, gradients) is modified on any rank."""
+    model, _ = sharded_model(world)
+    opt = TopK(torch.optim.SGD(model.parameters(), lr=0.1), density=0.1)
+    _train(model, opt, rank, 1)  # residuals exist
+    x, y = batch(rank, 1)
+    F.cross_entropy(model(x), y).backward()
+    if rank == 1:
+        next(model.parameters()).grad.to_local().view(-1)[0] = float("nan")
+    before = _snapshot(model, opt), [full(p.grad).tolist() for p in model.parameters()]
+    try:
+        opt.step()
+        message = None
+    except ValueError as e:
+        message = str(e)
+    after = _snapshot(model, opt), [full(p.grad).tolist() for p in model.parameters()]
+    return message, str(before) == str(after)  # str: NaN != NaN, its text is equal
+
+
 def checkpoint_save(rank, world, path):
     """Train 2 steps, save with torch.distributed.checkpoint, train 2 more; the
     snapshots at the save and at the end."""

@@ -27,6 +27,13 @@ def test_step_equals_single_process_topk_on_the_full_gradient(world, kw):
             assert kept > 0
 
 
+def test_a_nonfinite_gradient_on_one_rank_raises_on_every_rank_and_modifies_nothing():
+    reports = rank_results(run_world(workers.nonfinite_on_one_rank, 2), 2)
+    for message, unchanged in reports:
+        assert message is not None and "hold 1 non-finite entries across ranks" in message
+        assert unchanged
+
+
 def _equal(a, b):
     return a == b  # lists of floats: exact
 

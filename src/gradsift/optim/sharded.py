@@ -84,13 +84,16 @@ class ShardedGrads:
                 "TopK was built; sharded TopK does not pick it up"
             )
         present = [p for p in self.params if p.grad is not None]
-        bad = torch.zeros(1, dtype=torch.int64)
+        # counted on the shards' device (NCCL reduces nothing on the CPU); one host sync
+        device = self.params[0].device if self.params else torch.device("cpu")
+        bad = torch.zeros(1, dtype=torch.int64, device=device)
         for p in present:
-            bad += int(torch.count_nonzero(~torch.isfinite(p.grad.to_local())))
+            bad += torch.count_nonzero(~torch.isfinite(p.grad.to_local()))
         dist.all_reduce(bad, group=self.group)
-        if int(bad):
+        found = int(bad)
+        if found:
             raise ValueError(
-                f"the gradients hold {int(bad)} non-finite entries across ranks; nothing "
+                f"the gradients hold {found} non-finite entries across ranks; nothing "
                 "was modified. Use torch.amp.GradScaler or find the source of the inf/NaN."
             )
         return present, True
