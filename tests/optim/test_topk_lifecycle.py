@@ -305,14 +305,15 @@ def test_gradients_assigned_by_hand(inner):
 
 @pytest.mark.parametrize("zero", ["opt_none", "model_none", "opt_keep"])
 def test_a_gradient_kept_for_logging_across_steps(zero):
-    """A user keeps every ``p.grad`` of step 1 (after its step). Where the next
+    """A user keeps every ``p.grad`` of step 2 (after its step). Where the next
     zeroing drops the gradients, what they kept never changes again (torch drops
     gradients the same way); where it keeps them, it is the live gradient still."""
     model, opt, ref = pair("adamw")
-    run_topk(model, opt, 2, ZEROS[zero])
+    run_topk(model, opt, 3, ZEROS[zero])  # step 2 reaches every parameter
     logged = [p.grad for p in model.parameters()]
     snapshot = [g.clone() for g in logged]
-    run_topk(model, opt, 6, ZEROS[zero], start=2)
+    assert any(s.any() for s in snapshot)
+    run_topk(model, opt, 6, ZEROS[zero], start=3)
     ref.run(6).check(model, opt)
     for p, g, s in zip(model.parameters(), logged, snapshot):
         if zero == "opt_keep":
@@ -374,13 +375,32 @@ def test_requires_grad_toggled_after_building(zero):
     ref.check(model, opt)
 
 
+FROZEN_AT_BUILD_BUG = pytest.mark.xfail(
+    strict=True,
+    reason="a parameter frozen when TopK was built is outside the buckets and the "
+    "GradTracker: zero_grad(set_to_none=False) leaves it a zero tensor, which counts as "
+    "present on steps backward does not reach it (k too large, inner optimizer steps it)",
+)
+
+
+@pytest.mark.parametrize(
+    "zero",
+    [
+        "opt_none",
+        "model_none",
+        pytest.param("opt_keep", marks=FROZEN_AT_BUILD_BUG),
+        pytest.param("alternating", marks=FROZEN_AT_BUILD_BUG),
+    ],
+)
 @pytest.mark.parametrize("inner", ["sgd_momentum", "sgd_plain"])
-def test_parameter_frozen_when_built_and_trained_later(inner):
-    model, opt, ref = pair(inner)  # rebuilt below with side frozen at construction
+def test_parameter_frozen_when_built_and_trained_later(inner, zero):
+    model = make_net()
     model.side.requires_grad_(False)
     opt = TopK(INNERS[inner](list(model.parameters())), density=DENSITY, backend="torch")
     model.side.requires_grad_(True)
-    run_topk(model, opt, 6, zero_alternating)
+    ref_model = make_net()
+    ref = Reference(ref_model, INNERS[inner](list(ref_model.parameters())))
+    run_topk(model, opt, 6, ZEROS[zero])
     ref.run(6).check(model, opt)
 
 
@@ -668,7 +688,8 @@ def test_deepcopy_of_the_model_mid_training():
     run_topk(model, opt, 3, zero_alternating)
     twin = copy.deepcopy(model)
     twin_opt = TopK(INNERS["sgd_momentum"](list(twin.parameters())), density=DENSITY)
-    twin_opt.load_state_dict(opt.state_dict())
+    # deepcopy: torch's state_dict() and load_state_dict share the inner state tensors
+    twin_opt.load_state_dict(copy.deepcopy(opt.state_dict()))
     run_topk(twin, twin_opt, 6, zero_alternating, start=3)
     run_topk(model, opt, 6, zero_alternating, start=3)
     ref.run(6).check(model, opt)
