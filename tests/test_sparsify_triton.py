@@ -152,3 +152,31 @@ def test_an_assigned_zero_gradient_stays_present_where_the_fused_step_falls_back
     got = run("triton")
     assert not torch.equal(got[0][3].detach(), before), "weight decay must reach it"
     assert_same(got, run("torch"))
+
+
+def test_fused_step_follows_a_learning_rate_schedule_without_a_new_table():
+    # a scheduler changes the learning rates every step: the fused step copies them
+    # into its table (the kernel reads it when it runs), keeping the layout's key, so
+    # that a captured step stays valid on the GPU
+    def run(backend):
+        ps = params()
+        groups = [{"params": ps[:2], "lr": 0.1}, {"params": ps[2:], "lr": 0.03}]
+        opt = TopK(torch.optim.SGD(groups), backend=backend, density=0.01)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0 / (1 + step))
+        keys = []
+        for step in range(4):
+            for p, g in zip(ps, gradient(ps, step)):
+                p.grad = g
+            opt.step()
+            sched.step()
+            if backend == "triton":
+                fused = opt._fused[1]
+                keys.append((fused._table_key, fused._table[2].data_ptr()))
+                assert fused._table[2].tolist() == pytest.approx(
+                    [0.1 / (1 + step)] * 2 + [0.03 / (1 + step)] * 2
+                )
+            opt.zero_grad()
+        assert len(set(keys)) <= 1, "the table was rebuilt when the learning rate changed"
+        return ps, opt, None
+
+    assert_same(run("triton"), run("torch"))

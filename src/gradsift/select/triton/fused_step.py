@@ -21,8 +21,9 @@ inner optimizer other than plain SGD the flag must be read before that optimizer
 steps, so that case costs one sync and raises ``ValueError`` as the torch path does.
 
 Launch shapes are fixed by ``(N, k, dtype)`` and no buffer is allocated after the
-first step, so the step can be captured in a CUDA graph (with a constant learning
-rate, as for ``torch.optim.SGD`` with a float ``lr``).
+first step, so the step can be captured in a CUDA graph. The learning rates lie in a
+device tensor that the scatter kernel reads when it runs: a scheduler's new rate is
+copied into it, and the captured step stays valid.
 
 References: Stich et al., "Sparsified SGD with Memory" (NeurIPS 2018,
 arXiv:1809.07599); Lin et al., "Deep Gradient Compression" (ICLR 2018,
@@ -103,6 +104,16 @@ def scatter_kernel(
         tl.store(p_ptr, rounded(p.to(tl.float32) + step.to(tl.float32), v.dtype), mask=mask)
 
 
+def _pinned(host: torch.Tensor, dev: torch.device) -> torch.Tensor:
+    """``host`` in pinned memory where it is bound for a GPU: copied from there with
+    ``non_blocking=True``, the copy does not wait for the device."""
+    return host.pin_memory() if dev.type == "cuda" else host
+
+
+def _to_device(host: torch.Tensor, dev: torch.device) -> torch.Tensor:
+    return _pinned(host, dev).to(dev, non_blocking=True) if dev.type == "cuda" else host
+
+
 class FusedStep:
     """The fused step of one flat gradient, as a function of tensors: its
     ``Selection`` buffers, the parameter table of the SGD apply (rebuilt only when the
@@ -114,9 +125,13 @@ class FusedStep:
         self._table_key = None
         self._table = (None, None, None)
         self._search = 0
+        self._lrs = None
 
     def _parameter_table(self, params, offsets: list[int], lrs: list[float], n: int, dev):
-        key = (tuple(p.data_ptr() for p in params), tuple(offsets), tuple(lrs))
+        """``(pointers, offsets, lrs)`` on ``dev``, keyed by the layout only: a new
+        learning rate (a scheduler's, every step) is copied into the same ``lrs``
+        tensor, which the kernel reads at run time, so a captured step stays valid."""
+        key = (tuple(p.data_ptr() for p in params), tuple(offsets))
         if key != self._table_key:
             search = max(1, math.ceil(math.log2(len(params))))
             padded = list(offsets) + [n] * ((1 << search) + 1 - len(params))
@@ -125,12 +140,12 @@ class FusedStep:
                 torch.tensor(padded, dtype=torch.int64, device="cpu"),
                 torch.tensor(lrs, dtype=torch.float32, device="cpu"),
             )
-            # pinned + non_blocking: the copy does not wait for the device
-            pinned = dev.type == "cuda"
-            self._table = tuple(
-                t.pin_memory().to(dev, non_blocking=True) if pinned else t for t in host
-            )
-            self._table_key, self._search = key, search
+            self._table = tuple(_to_device(t, dev) for t in host)
+            self._table_key, self._search, self._lrs = key, search, tuple(lrs)
+        elif tuple(lrs) != self._lrs:
+            lr_host = torch.tensor(lrs, dtype=torch.float32, device="cpu")
+            self._table[2].copy_(_pinned(lr_host, dev), non_blocking=dev.type == "cuda")
+            self._lrs = tuple(lrs)
         return self._table
 
     @torch.no_grad()
