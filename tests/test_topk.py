@@ -351,3 +351,17 @@ def test_numpy_and_tensor_integers_are_accepted_as_k():
     expected = topk_indices(x, 3)
     assert torch.equal(topk_indices(x, np.int64(3)), expected)
     assert torch.equal(topk_indices(x, torch.tensor(3)), expected)
+
+
+@pytest.mark.parametrize("chunk", [1_000, 1 << 26])  # many chunks; one (as on a GPU)
+def test_chunked_loops_give_the_same_selection_at_any_chunk_size(monkeypatch, chunk):
+    # the bracket split and the tie scan read a chunk at a time: cache-sized on CPU,
+    # 64M elements elsewhere (each chunk costs a host sync on a GPU)
+    assert _topk_exact.chunk_size(torch.empty(0)) == _topk_exact.CHUNK
+    assert _topk_exact.chunk_size(torch.empty(0, device="meta")) == _topk_exact.DEVICE_CHUNK
+    monkeypatch.setattr(_topk_exact, "chunk_size", lambda key: chunk)
+    x = torch.randn(300_007, generator=torch.Generator().manual_seed(5))
+    x[1000:200_000] = 0.25  # a plateau at the cut: the tie scan stops early
+    for k in (1, 3_000, 150_000, 299_000):
+        check_mask(x, k)
+        check_mask(x, k, absolute=False)

@@ -242,6 +242,18 @@ def test_residual_conservation_is_exact_in_float64():
         assert kept == round(DENSITY * n), step
 
 
+@pytest.mark.parametrize("zero", ["opt_keep", "alternating"])
+def test_a_diagnostic_backward_between_step_and_zero_grad(zero):
+    """After a step, a second backward (e.g. a gradient-norm probe on held-out data)
+    writes the buffer everywhere: the next zero_grad must clear all of it, not only
+    the coordinates the step selected."""
+    model, opt, ref = pair("sgd_plain")
+    for step in range(5):
+        run_topk(model, opt, step + 1, ZEROS[zero], start=step)
+        loss_of(model, step, micro=7).backward()
+    ref.run(5).check(model, opt)
+
+
 # --- gradients modified, assigned or kept by the user ---------------------------------
 
 

@@ -13,6 +13,7 @@ from gradsift.checks import has_nan, nan_count
 DENSE_BELOW = 1 << 16  # below this size a plain torch.topk is as fast as anything
 SAMPLE = 16384  # random keys used to estimate a threshold or bracket
 CHUNK = 1 << 20  # elements per chunk: 4 MiB of float32 stays in cache
+DEVICE_CHUNK = 1 << 26  # off the CPU: few host syncs, bounded temporaries
 _SEED = 0x5EED
 
 
@@ -76,12 +77,19 @@ def top_mask(key: torch.Tensor, k: int) -> torch.Tensor:
     return chosen
 
 
+def chunk_size(key: torch.Tensor) -> int:
+    """Elements per chunk of the loops that read ``key`` a chunk at a time: cache-sized
+    on the CPU; on a GPU large, since each chunk costs a host sync (``int`` of a count,
+    ``nonzero``) and a 1M-element chunk takes a GPU microseconds."""
+    return CHUNK if key.device.type == "cpu" else DEVICE_CHUNK
+
+
 def equal_positions(key: torch.Tensor, v, need: int) -> torch.Tensor:
     """The lowest ``need`` (or fewer) positions with ``key == v``, chunk by chunk,
     stopping as soon as enough are found (a plateau is not read to its end)."""
-    found, have = [], 0
-    for start in range(0, key.numel(), CHUNK):
-        pos = torch.nonzero(key[start : start + CHUNK] == v).squeeze(1) + start
+    found, have, chunk = [], 0, chunk_size(key)
+    for start in range(0, key.numel(), chunk):
+        pos = torch.nonzero(key[start : start + chunk] == v).squeeze(1) + start
         found.append(pos)
         have += pos.numel()
         if have >= need:
@@ -122,12 +130,12 @@ def _split_at_bracket(key: torch.Tensor, lo, hi, capacity: int):
     results kept alive between the loop's temporaries would fragment the heap, which
     the C allocator then keeps resident (about 30 MB over 50M keys).
     """
-    size = min(CHUNK, key.numel())
-    above_buf = torch.empty(size, dtype=torch.bool, device=key.device)
+    chunk = chunk_size(key)
+    above_buf = torch.empty(min(chunk, key.numel()), dtype=torch.bool, device=key.device)
     between_buf = torch.empty_like(above_buf)
     inside, filled, above_hi = key.new_empty(capacity), 0, 0
-    for start in range(0, key.numel(), CHUNK):
-        c = key[start : start + CHUNK]
+    for start in range(0, key.numel(), chunk):
+        c = key[start : start + chunk]
         above, between = above_buf[: c.numel()], between_buf[: c.numel()]
         # count_nonzero: .sum() of a bool tensor first copies it to int64
         above_hi += int(torch.count_nonzero(torch.gt(c, hi, out=above)))
