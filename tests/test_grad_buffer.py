@@ -82,3 +82,37 @@ def test_a_tensor_at_a_views_address_is_not_taken_for_the_view():
     alias = torch.empty(0).set_(bucket.grad.untyped_storage(), 0, (3, 4), (4, 1))
     ps[0].grad = alias
     assert alias.data_ptr() == bucket.grad.data_ptr() and not bucket.owns_grad(0)
+
+
+def test_views_backward_did_not_reach_are_read_in_one_host_sync(monkeypatch):
+    # a model with unused layers, the buffer kept between steps (zero_grad keeps it):
+    # whether an untouched view holds a gradient is read from the device once for all
+    # of them (a host sync each had cost a GPU one per parameter, every step)
+    import traceback
+
+    from gradsift import TopK
+
+    model = nn.ModuleList([nn.Linear(8, 8) for _ in range(4)])
+    opt = TopK(torch.optim.SGD(model.parameters(), lr=0.1), density=0.1)
+    reads = []
+
+    def counted(name):
+        real = getattr(torch.Tensor, name)
+
+        def read(self, *args):
+            if any(f.name == "present" for f in traceback.extract_stack()):
+                reads.append(name)
+            return real(self, *args)
+
+        return read
+
+    for name in ("__bool__", "tolist", "item"):
+        monkeypatch.setattr(torch.Tensor, name, counted(name))
+    x = torch.randn(3, 8)
+    for step in range(3):
+        opt.zero_grad()
+        model[0](x).sum().backward()  # layers 1-3 unused: 6 untouched views
+        reads.clear()
+        opt.step()
+        assert len(reads) <= 1, (step, reads)
+        assert all(p.grad is None or not p.grad.any() for p in model[1:].parameters())

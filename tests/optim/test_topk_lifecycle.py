@@ -521,6 +521,68 @@ def test_add_param_group_between_backward_and_step():
     ref.check(model, opt)
 
 
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="model.to(dtype) after model.zero_grad(): the rebuild takes the stale touched "
+    "set, so a parameter backward does not reach gets its residual applied",
+)
+def test_model_converted_after_model_zero_grad():
+    model, opt, ref = pair("sgd_plain")
+    for step in range(2):  # side is reached at step 0 only
+        model.zero_grad()
+        ref.model.zero_grad()
+        if step == 1:
+            model.double()
+            ref.model.double()
+        loss_of(model, step).backward()
+        loss_of(ref.model, step).backward()
+        opt.step()
+        ref.sparsify()
+        ref.inner.step()
+    ref.check(model, opt)
+
+
+def conv_net():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(64, 2))
+
+
+@pytest.mark.parametrize(
+    "inner",
+    [
+        "adamw",
+        pytest.param(
+            "sgd_plain",
+            marks=pytest.mark.xfail(
+                strict=True,
+                raises=RuntimeError,
+                reason="model.to(memory_format=channels_last) after TopK is built: "
+                "_contiguous is computed once in _build, so the plain-SGD fast path "
+                "calls p.data.view(-1) on a channels_last weight and raises",
+            ),
+        ),
+    ],
+)
+def test_channels_last_conversion_after_building(inner):
+    x = torch.randn(2, 3, 6, 6, generator=torch.Generator().manual_seed(0))
+    x = x.to(memory_format=torch.channels_last)
+    model, ref_model = conv_net(), conv_net()
+    opt = TopK(INNERS[inner](list(model.parameters())), density=DENSITY, backend="torch")
+    model.to(memory_format=torch.channels_last)
+    ref_model.to(memory_format=torch.channels_last)
+    ref = Reference(ref_model, INNERS[inner](list(ref_model.parameters())))
+    for step in range(3):
+        opt.zero_grad()
+        (model(x) - step).square().sum().backward()
+        opt.step()
+        ref_model.zero_grad()
+        (ref_model(x) - step).square().sum().backward()
+        ref.sparsify()
+        ref.inner.step()
+    ref.check(model, opt)
+
+
 # --- model shapes and optimizer options -----------------------------------------------
 
 

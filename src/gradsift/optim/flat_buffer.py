@@ -156,14 +156,20 @@ class FlatBucket:
             return [p.grad is not None for p in self.params]
         written = flat._version != self.zero_version
         any_touched = any(id(p) in touched for p in self.params)
-        out = []
+        out, unsure = [], []
         for i, p in enumerate(self.params):
             if p.grad is None:
                 out.append(False)
             elif id(p) in touched or i in self.assigned or not self.owns_grad(i):
                 out.append(True)
             else:
-                out.append(written and (not any_touched or bool(p.grad.any())))
+                out.append(written and not any_touched)
+                if written and any_touched:
+                    unsure.append(i)
+        if unsure:  # views backward did not reach: read all of them in one host sync
+            nonzero = torch.stack([self.params[i].grad.any() for i in unsure]).tolist()
+            for i, flag in zip(unsure, nonzero):
+                out[i] = flag
         return out
 
     def mark_zeroed(self) -> None:
