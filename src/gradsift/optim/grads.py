@@ -191,12 +191,16 @@ class GradSet:
     @contextmanager
     def held(self):
         """A step: the buffers that ``attach`` holds are left to the gradient views
-        afterwards (see ``FlatBucket``)."""
+        afterwards (see ``FlatBucket``), and what backward reached is forgotten: the
+        next step's gradients are the next backward's (zeroing the views elsewhere,
+        ``model.zero_grad(set_to_none=False)``, resets nothing here)."""
         try:
             yield
         finally:
             for b in self.buckets:
                 b.let_go_()
+                b.assigned.clear()
+            self.tracker.reset()
 
     def mark_sparse(self, idx: torch.Tensor) -> None:
         """Until bucket 0's buffer changes again, only ``idx`` may be non-zero in it."""

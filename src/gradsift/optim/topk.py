@@ -165,7 +165,10 @@ class TopK(HasBudget, Optimizer):
         trainable = [p for p in self._params() if p.requires_grad]
         touched = {id(p) for p in trainable if p.grad is not None}
         if getattr(self, "_grads", None) is not None:
-            touched = self._grads.close()
+            # what backward reached, and the gradients of parameters new to the set
+            # (add_param_group between backward and step): no hook saw those
+            known = self._grads.ids
+            touched = self._grads.close() | {i for i in touched if i not in known}
         if trainable:  # k beyond what one selection sees: an error, not a dense step
             n = (sum if self.scope == "global" else max)(p.numel() for p in trainable)
             self.budget.check_fits(n, f"the {n} trainable coordinates ({self.scope} scope)")
@@ -222,6 +225,7 @@ class TopK(HasBudget, Optimizer):
             present, in_buckets, self.budget, self.scope, self.momentum_correction, self._own
         )
 
+    @torch.no_grad()
     def step(self, closure=None):
         """Sparsify the gradients (see ``sparsify_``), then step the inner optimizer.
 
@@ -269,6 +273,7 @@ class TopK(HasBudget, Optimizer):
         with self._grads.absent_as_none():
             return self.optimizer.step(sparse_closure)
 
+    @torch.no_grad()
     def zero_grad(self, set_to_none: bool = False) -> None:
         """Zero gradients; by default keep them as views of the flat buffer (fast)."""
         if self._grads.stale():
