@@ -74,6 +74,7 @@ class FlatBucket:
         self.params: list[torch.Tensor] = params
         self.state: dict[str, torch.Tensor] = state
         self.offsets: list[int] = offsets
+        self.strides = [p.stride() for p in params]  # the views' layout (see ``view``)
         self.numel, self.dtype, self.device = grad.numel(), grad.dtype, grad.device
         self.zero_version = -1  # ``grad._version`` when last zeroed (nothing written since)
         self.generation = 0  # how many buffers were allocated after the first
@@ -177,11 +178,16 @@ class FlatBucket:
         self.assigned.clear()
 
     def matches(self) -> bool:
-        """Whether every parameter still has the bucket's dtype and device.
+        """Whether every parameter still has the bucket's dtype, device and strides.
 
-        ``model.to(torch.float64)`` after the buffer was built changes them in place.
+        ``model.to(torch.float64)`` or ``model.to(memory_format=torch.channels_last)``
+        after the buffer was built changes them in place; the views (gradients,
+        residuals) must then be laid out again.
         """
-        return all(p.dtype == self.dtype and p.device == self.device for p in self.params)
+        return all(
+            p.dtype == self.dtype and p.device == self.device and p.stride() == s
+            for p, s in zip(self.params, self.strides)
+        )
 
     def attach_grads_(self) -> None:
         """Hold the buffer (``hold_``) and point every present ``p.grad`` at its view,

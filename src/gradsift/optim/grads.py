@@ -40,7 +40,7 @@ class GradSet:
         self.flags: list[list[bool]] = []  # per bucket: which parameters have a gradient
 
     def stale(self) -> bool:
-        """Whether a parameter changed dtype or device since (``model.to(...)``)."""
+        """Whether a parameter changed dtype, device or strides since (``model.to(...)``)."""
         return not all(b.matches() for b in self.buckets)
 
     def close(self) -> set[int]:
