@@ -3,7 +3,10 @@
 When the inner optimizer's step is exactly ``p -= lr * grad`` (SGD with no momentum,
 weight decay, maximize or hooks), a dense step over a gradient that is zero except on
 k coordinates changes only those k: applying ``-lr * values`` at the k indices gives
-the same parameters without reading and writing all of them.
+the same parameters without reading and writing all of them, up to one rounding:
+``index_add_(alpha=-lr)`` rounds ``lr * g`` and then the sum, where the dense
+``add_(g, alpha=-lr)`` may fuse them (FMA, one rounding). Where ``lr * g`` is exact (a
+power-of-two ``lr``) the two agree bit for bit; the fused GPU step rounds as this one.
 """
 
 from __future__ import annotations

@@ -232,8 +232,9 @@ class TopK(HasBudget, Optimizer):
         Parameters that got no gradient are ``grad=None`` for the inner step, so it
         skips them as it would without TopK. When the inner optimizer is plain SGD (no
         momentum, weight decay or hooks) and not every coordinate is kept, the update
-        is applied to the selected coordinates only: the same result as its dense step
-        on the sparse gradient, without the dense pass. A ``closure`` is passed on to
+        is applied to the selected coordinates only: its dense step on the sparse
+        gradient (up to one rounding of ``lr * g``, see ``gradsift.optim.sparse_sgd``),
+        without the dense pass. A ``closure`` is passed on to
         the inner optimizer (LBFGS evaluates it several times), each evaluation
         followed by the selection.
         """
