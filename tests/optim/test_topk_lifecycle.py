@@ -420,24 +420,7 @@ def test_requires_grad_toggled_after_building(zero):
     ref.check(model, opt)
 
 
-FROZEN_AT_BUILD_BUG = pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="a parameter frozen when TopK was built is outside the buckets and the "
-    "GradTracker: zero_grad(set_to_none=False) leaves it a zero tensor, which counts as "
-    "present on steps backward does not reach it (k too large, inner optimizer steps it)",
-)
-
-
-@pytest.mark.parametrize(
-    "zero",
-    [
-        "opt_none",
-        "model_none",
-        pytest.param("opt_keep", marks=FROZEN_AT_BUILD_BUG),
-        pytest.param("alternating", marks=FROZEN_AT_BUILD_BUG),
-    ],
-)
+@pytest.mark.parametrize("zero", list(ZEROS))
 @pytest.mark.parametrize("inner", ["sgd_momentum", "sgd_plain"])
 def test_parameter_frozen_when_built_and_trained_later(inner, zero):
     model = make_net()
@@ -793,12 +776,6 @@ def test_deepcopy_of_the_optimizer_mid_training():
     ref.run(6).check(twin, twin_opt)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="a parameter frozen when TopK was built goes through sparsify_tensors_, which "
-    "accumulates in the widest dtype; bucketed ones accumulate in their own dtype",
-)
 def test_mixed_dtypes_momentum_correction_does_not_depend_on_when_a_param_was_frozen():
     def run(freeze_at_build):
         model = make_net(side_dtype=torch.float64)

@@ -51,10 +51,10 @@ class GradSet:
     def prepare(self, others: list[torch.Tensor], name_of):
         """Attach this step's gradients and check them; return the present ones.
 
-        ``others``: parameters with a gradient that are not in the buckets (frozen
-        when the set was built). Non-finite gradients raise before anything changes.
-        Returns the parameters with a gradient and whether all of them lie in the
-        buckets.
+        ``others``: parameters with a gradient that are not in the buckets (frozen,
+        ``requires_grad=False``, with a gradient set by hand). Non-finite gradients
+        raise before anything changes. Returns the parameters with a gradient and
+        whether all of them lie in the buckets.
         """
         present = self.attach()
         flats = [b.grad for b in self.buckets] + [p.grad for p in others]

@@ -80,8 +80,8 @@ class ShardedGrads:
         same ``ValueError`` on every rank, before anything is modified."""
         if others:
             raise ValueError(
-                f"{name_of(others[0])} has a gradient but was not trainable when "
-                "TopK was built; sharded TopK does not pick it up"
+                f"{name_of(others[0])} has a gradient but requires_grad=False; "
+                "sharded TopK does not select it"
             )
         present = [p for p in self.params if p.grad is not None]
         # counted on the shards' device (NCCL reduces nothing on the CPU); one host sync

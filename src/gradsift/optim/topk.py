@@ -190,7 +190,7 @@ class TopK(HasBudget, Optimizer):
         if name not in self._state_names():
             return None
         st = self.state[p]
-        if name not in st:  # a parameter that was frozen when we were built
+        if name not in st:  # a frozen parameter given a gradient by hand
             st[name] = torch.zeros_like(p)
         return st[name]
 
@@ -212,13 +212,22 @@ class TopK(HasBudget, Optimizer):
         gradient this step are held out of the selection; where fewer than k
         coordinates are non-zero, indices into their slices may come back, with 0.
         """
+        self._refresh()
         with self._grads.held():
             selected = self._sparsify()
         return None if selected is None else selected[:2]
 
-    def _sparsify(self):
-        if self._grads.stale():
+    def _refresh(self) -> None:
+        """Lay the buffers out again where a parameter changed dtype, device or strides
+        (``model.to(...)``), or one that was frozen when they were laid out has a
+        gradient now (unfrozen: it joins a bucket, its state carried over)."""
+        ids = self._grads.ids
+        if self._grads.stale() or any(
+            p.grad is not None and p.requires_grad and id(p) not in ids for p in self._params()
+        ):
             self._build()
+
+    def _sparsify(self):
         others = [p for p in self._params() if p.grad is not None and id(p) not in self._grads.ids]
         present, in_buckets = self._grads.prepare(others, self._name)
         return self._grads.select(
@@ -238,6 +247,7 @@ class TopK(HasBudget, Optimizer):
         the inner optimizer (LBFGS evaluates it several times), each evaluation
         followed by the selection.
         """
+        self._refresh()
         with self._grads.held():
             if closure is not None:
                 return self._step_with_closure(closure)
