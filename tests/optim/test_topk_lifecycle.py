@@ -681,12 +681,6 @@ def test_closure_step_matches_a_plain_step_when_all_are_reached(inner):
     ref.run(4).check(model, opt)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="step(closure) enters absent_as_none before the closure runs, so it uses the "
-    "previous step's absent list: a parameter without gradient is stepped with zeros",
-)
 def test_closure_step_skips_parameters_without_gradient():
     model, opt, ref = pair("sgd_momentum")
     for step in range(3):

@@ -170,16 +170,26 @@ class GradSet:
     def absent_as_none(self):
         """``grad=None`` for parameters without a gradient while the inner optimizer
         steps (so it skips them, as it would without TopK); views back afterwards."""
-        absent, self.absent = self.absent, []
-        for p in absent:
-            p.grad = None
+        absent = self.drop_absent()
         try:
             yield
         finally:
-            for p in absent:
-                if p.grad is None:
-                    b, i = self._where(p)
-                    p.grad = b.view(b.grad, i)
+            self.restore_views(absent)
+
+    def drop_absent(self) -> list[torch.Tensor]:
+        """Set the gradients of this step's parameters without one to None; return
+        those parameters (for ``restore_views``)."""
+        absent, self.absent = self.absent, []
+        for p in absent:
+            p.grad = None
+        return absent
+
+    def restore_views(self, absent: list[torch.Tensor]) -> None:
+        """Point the gradients that are still None back at their zeroed views."""
+        for p in absent:
+            if p.grad is None:
+                b, i = self._where(p)
+                p.grad = b.view(b.grad, i)
 
     def _where(self, p) -> tuple[FlatBucket, int]:
         for b in self.buckets:

@@ -275,14 +275,22 @@ class TopK(HasBudget, Optimizer):
         return [lr_of[id(p)] for p in self._grads.buckets[0].params]
 
     def _step_with_closure(self, closure):
+        """The inner step with a closure: each evaluation's gradients are selected,
+        and those backward did not reach are None while the inner optimizer reads
+        them (known only once the closure has run)."""
+        absent = []
+
         def sparse_closure():
             with torch.enable_grad():
                 loss = closure()
             self._sparsify()
+            absent.extend(self._grads.drop_absent())
             return loss
 
-        with self._grads.absent_as_none():
+        try:
             return self.optimizer.step(sparse_closure)
+        finally:
+            self._grads.restore_views(absent)
 
     @torch.no_grad()
     def zero_grad(self, set_to_none: bool = False) -> None:
