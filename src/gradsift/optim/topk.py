@@ -127,6 +127,18 @@ class TopK(HasBudget, Optimizer):
         self.state: defaultdict[torch.Tensor, dict] = defaultdict(dict)
         self._build()
 
+    def __getstate__(self) -> dict:
+        """What ``copy.deepcopy`` and pickle keep: the configuration, the inner
+        optimizer, the hooks and ``state``; the flat buffers are laid out again."""
+        skip = ("_grads", "_fused", "found_nonfinite")
+        return {k: v for k, v in self.__dict__.items() if k not in skip}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._grads, self._fused, self.found_nonfinite = None, None, None
+        self._patch_step_function()
+        self._build()  # the residuals (and momenta) carried into new buffers
+
     # The inner optimizer owns param_groups and defaults; always read them live,
     # since its load_state_dict replaces the param_groups list.
     @property
