@@ -180,3 +180,19 @@ def test_fused_step_follows_a_learning_rate_schedule_without_a_new_table():
         return ps, opt, None
 
     assert_same(run("triton"), run("torch"))
+
+
+def test_backend_triton_after_the_model_left_the_gpu_raises_naming_the_backend(monkeypatch):
+    # backend="triton" is checked when TopK is built; a model moved off the GPU later
+    # (here: the interpreter switched off) raises the same clear error at the step,
+    # not Triton's "cannot be accessed from Triton (cpu tensor?)"
+    ps = params()
+    opt = TopK(torch.optim.SGD(ps, lr=0.1), backend="triton", density=0.01)
+    for p, g in zip(ps, gradient(ps, 0)):
+        p.grad = g
+    if DEVICE.type == "cuda":
+        for p in ps:
+            p.data, p.grad = p.data.cpu(), p.grad.cpu()
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="backend='triton' needs CUDA tensors"):
+        opt.step()

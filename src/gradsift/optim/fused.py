@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 
 from gradsift.checks import check_finite_grads
-from gradsift.select.dispatch import DTYPES, triton_available
+from gradsift.select.dispatch import DTYPES, require_triton, triton_available
 
 __all__ = ["fused_step_"]
 
@@ -52,6 +52,8 @@ def fused_step_(opt) -> bool:
         return False
     if opt.backend == "auto" and not (buckets[0].device.type == "cuda" and triton_available()):
         return False
+    if opt.backend == "triton":  # checked at construction; the model may have moved since
+        require_triton(buckets[0].device)
     why = _why_not(opt)
     if why is not None:
         opt.fallback_steps += 1
