@@ -14,6 +14,7 @@ works on whole vectors.
 
 from __future__ import annotations
 
+import functools
 import weakref
 
 import torch
@@ -82,6 +83,12 @@ class FlatBucket:
         self._held: torch.Tensor | None = None
         self._ref = weakref.ref(grad)
         self._views: list | None = None
+
+    @functools.cached_property
+    def bounds(self) -> torch.Tensor:
+        """``offsets`` and ``numel`` on the bucket's device: where each parameter's
+        coordinates start and the last ends (made once, not a copy every step)."""
+        return torch.tensor([*self.offsets, self.numel], dtype=torch.int64, device=self.device)
 
     @property
     def grad(self) -> torch.Tensor | None:

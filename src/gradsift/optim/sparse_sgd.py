@@ -45,8 +45,7 @@ def plain_sgd(opt: Optimizer) -> bool:
 @torch.no_grad()
 def apply_sparse_sgd_(bucket: FlatBucket, lrs: list[float], idx, vals) -> None:
     """``p -= lr * g`` on the selected coordinates of ``bucket``; ``idx`` ascending."""
-    bounds = torch.tensor(bucket.offsets + [bucket.numel], device=idx.device)
-    cuts = torch.searchsorted(idx, bounds).tolist()
+    cuts = torch.searchsorted(idx, bucket.bounds).tolist()
     for i, p in enumerate(bucket.params):
         lo, hi = cuts[i], cuts[i + 1]
         if lo < hi:
