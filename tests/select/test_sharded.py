@@ -10,7 +10,7 @@ from gradsift.select.sharded import order_keys, selection_bytes
 
 
 def _ok(results, world):
-    assert "timeout" not in results, results
+    assert "timeout" not in results and "died" not in results, results
     for rank in range(world):
         assert not (isinstance(results[rank], str) and results[rank].startswith("error")), results[
             rank
