@@ -17,7 +17,7 @@ the velocity whose top-k is sent.
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict, defaultdict
+from collections import defaultdict
 
 import torch
 from torch.optim import Optimizer
@@ -29,23 +29,15 @@ from gradsift.optim.inner import check_inner
 from gradsift.optim.sharded import grad_set
 from gradsift.optim.sparse_sgd import apply_sparse_sgd_, plain_sgd
 from gradsift.optim.state_dict import load_own_state, state_dict_with_own
+from gradsift.optim.wrapper import OptimizerWrapper
 from gradsift.select.dispatch import check_backend
 
 __all__ = ["TopK"]
 
 log = logging.getLogger(__name__)
 
-_HOOK_DICTS = (
-    "_optimizer_step_pre_hooks",
-    "_optimizer_step_post_hooks",
-    "_optimizer_state_dict_pre_hooks",
-    "_optimizer_state_dict_post_hooks",
-    "_optimizer_load_state_dict_pre_hooks",
-    "_optimizer_load_state_dict_post_hooks",
-)
 
-
-class TopK(HasBudget, Optimizer):
+class TopK(HasBudget, OptimizerWrapper):
     """Wrap a ``torch.optim`` optimizer so that each step uses only top-k gradients.
 
     Args:
@@ -114,48 +106,20 @@ class TopK(HasBudget, Optimizer):
             momentum_correction=self.momentum_correction,
             error_feedback=error_feedback,
         )
-        self.optimizer = optimizer
+        self._wrap(optimizer)
         self.backend = check_backend(backend, {p.device for p in self._params()})
         self.found_nonfinite = None
         self.fallback_steps = 0  # steps the fused GPU path did not cover
         self._fallbacks_logged: set[str] = set()
         self._fused = None
         self.error_feedback = bool(error_feedback)
-        for name in _HOOK_DICTS:
-            setattr(self, name, OrderedDict())
-        self._patch_step_function()
         self.state: defaultdict[torch.Tensor, dict] = defaultdict(dict)
         self._build()
 
-    def __getstate__(self) -> dict:
-        """What ``copy.deepcopy`` and pickle keep: the configuration, the inner
-        optimizer, the hooks and ``state``; the flat buffers are laid out again."""
-        skip = ("_grads", "_fused", "found_nonfinite")
-        return {k: v for k, v in self.__dict__.items() if k not in skip}
+    _transient = ("_grads", "_fused", "found_nonfinite")  # rebuilt after a copy
 
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        self._grads, self._fused, self.found_nonfinite = None, None, None
-        self._patch_step_function()
+    def _after_copy(self) -> None:
         self._build()  # the residuals (and momenta) carried into new buffers
-
-    # The inner optimizer owns param_groups and defaults; always read them live,
-    # since its load_state_dict replaces the param_groups list.
-    @property
-    def param_groups(self) -> list[dict]:
-        return self.optimizer.param_groups
-
-    @param_groups.setter
-    def param_groups(self, value: list[dict]) -> None:
-        self.optimizer.param_groups = value
-
-    @property
-    def defaults(self) -> dict:
-        return self.optimizer.defaults
-
-    @defaults.setter
-    def defaults(self, value: dict) -> None:
-        self.optimizer.defaults = value
 
     def __repr__(self) -> str:
         ef = f"error_feedback={self.error_feedback}, scope={self.scope!r}"

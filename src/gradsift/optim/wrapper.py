@@ -1,0 +1,69 @@
+"""A ``torch.optim.Optimizer`` over another optimizer's parameters: what ``TopK``
+needs from torch's protocol besides its step (private).
+
+The inner optimizer owns ``param_groups`` and ``defaults``, read live (its
+``load_state_dict`` replaces the ``param_groups`` list); the wrapper has its own hook
+dictionaries, so ``register_step_pre_hook`` and the like work on it, and it copies
+(``copy.deepcopy``) and pickles with every attribute but those a subclass rebuilds.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from torch.optim import Optimizer
+
+__all__ = ["OptimizerWrapper"]
+
+_HOOK_DICTS = (
+    "_optimizer_step_pre_hooks",
+    "_optimizer_step_post_hooks",
+    "_optimizer_state_dict_pre_hooks",
+    "_optimizer_state_dict_post_hooks",
+    "_optimizer_load_state_dict_pre_hooks",
+    "_optimizer_load_state_dict_post_hooks",
+)
+
+
+class OptimizerWrapper(Optimizer):
+    """Set ``optimizer`` with ``_wrap``; a subclass names the attributes a copy drops
+    (``_transient``) and rebuilds them in ``_after_copy``."""
+
+    _transient: tuple[str, ...] = ()
+
+    def _wrap(self, optimizer: Optimizer) -> None:
+        self.optimizer = optimizer
+        for name in _HOOK_DICTS:
+            setattr(self, name, OrderedDict())
+        self._patch_step_function()
+
+    def _after_copy(self) -> None:
+        """Rebuild the ``_transient`` attributes after ``copy.deepcopy`` or unpickling."""
+
+    def __getstate__(self) -> dict:
+        """What ``copy.deepcopy`` and pickle keep: every attribute but ``_transient``
+        (torch's ``Optimizer.__getstate__`` keeps only defaults, state, param_groups)."""
+        return {k: v for k, v in self.__dict__.items() if k not in self._transient}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        for name in self._transient:
+            setattr(self, name, None)
+        self._patch_step_function()
+        self._after_copy()
+
+    @property
+    def param_groups(self) -> list[dict]:
+        return self.optimizer.param_groups
+
+    @param_groups.setter
+    def param_groups(self, value: list[dict]) -> None:
+        self.optimizer.param_groups = value
+
+    @property
+    def defaults(self) -> dict:
+        return self.optimizer.defaults
+
+    @defaults.setter
+    def defaults(self, value: dict) -> None:
+        self.optimizer.defaults = value
