@@ -34,6 +34,7 @@ from gradsift.pruning.sharded_scoring import is_sharded_model
 __all__ = ["prune_at_init", "round_sparsities"]
 
 
+@torch.enable_grad()  # the criteria differentiate, also when called under no_grad
 def prune_at_init(
     model: nn.Module,
     method: str,

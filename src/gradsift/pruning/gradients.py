@@ -104,8 +104,8 @@ def _accumulating_forward(module: nn.Linear, scale: list):
     """A ``forward`` for ``module`` holding it weakly (no module-forward cycle)."""
     ref = weakref.ref(module)
 
-    def forward(x):
+    def forward(input):  # nn.Linear.forward's name: callers may pass it by keyword
         m = ref()
-        return AccumulatingLinear.apply(x, m.weight, m.bias, scale)
+        return AccumulatingLinear.apply(input, m.weight, m.bias, scale)
 
     return forward

@@ -70,6 +70,11 @@ def _install(
             if shared is not None and shared.shape == mask.shape:
                 return install_(module, attr, shared)  # filled by the first holder
             return install_(module, attr, keep if owned or keep is not mask else keep.clone())
+        if mask.shape != existing.shape:
+            raise ValueError(
+                f"mask for {attr!r} must have the weight's shape {tuple(existing.shape)}, "
+                f"got {tuple(mask.shape)}"
+            )
         if replace:
             existing.copy_(mask)
         else:

@@ -143,10 +143,15 @@ def _split(flat: torch.Tensor, shapes: dict, fn) -> dict[str, torch.Tensor]:
 
 
 def key_dtype(scores: dict) -> torch.dtype:
+    """The dtype scores are ranked in: the widest floating dtype among them (at least
+    float32); float64 where any is an integer or bool (float32 would round integers
+    above 2**24 together)."""
     dtype = torch.float32
     for s in scores.values():
+        if not s.dtype.is_floating_point:
+            return torch.float64
         dtype = torch.promote_types(dtype, s.dtype)
-    return dtype if dtype.is_floating_point else torch.float64
+    return dtype
 
 
 def _in_place(scores: dict, names: list, owned: bool, untouched: bool) -> torch.Tensor | None:

@@ -198,6 +198,7 @@ def score(
     return run_criterion(model, method, data, params=params, **options)
 
 
+@torch.enable_grad()  # the criteria differentiate, also when called under no_grad
 def run_criterion(
     model: nn.Module,
     method: str,

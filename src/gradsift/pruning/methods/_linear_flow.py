@@ -60,8 +60,8 @@ def scoring_forward(module: nn.Linear, power: int, done):
     would keep ``φ`` alive until the garbage collector runs)."""
     ref = weakref.ref(module)
 
-    def forward(x):
+    def forward(input):  # nn.Linear.forward's name: callers may pass it by keyword
         m = ref()
-        return ScoringLinear.apply(x, m.weight, m.bias, power, done)
+        return ScoringLinear.apply(input, m.weight, m.bias, power, done)
 
     return forward
