@@ -1011,12 +1011,6 @@ def _prune_again(model, method):
     assert not masks["1.weight"][0, 0]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=ValueError,
-    reason="magnitude/SNIP/ProsPr multiply by the installed mask (or by weight_orig), so "
-    "an inf/NaN left in a pruned slot of weight_orig becomes NaN (x*0) and pruning raises",
-)
 @pytest.mark.parametrize("value", [math.inf, math.nan])
 @pytest.mark.parametrize("method", ["magnitude", "snip", "prospr"])
 def test_reprune_with_nonfinite_value_in_pruned_slot(method, value):

@@ -8,7 +8,9 @@ import functools
 
 import torch
 
+from gradsift.pruning.boolean_mask import as_bool
 from gradsift.pruning.flat import flat_like
+from gradsift.pruning.keep_where import keep_where_
 from gradsift.pruning.params import effective, mask_of, original
 from gradsift.pruning.registry import register_method
 
@@ -32,8 +34,8 @@ def magnitude(model, targets, data=None):
             torch.abs(w.detach(), out=view)
         else:  # bfloat16 or float16 weights: their |θ| in float32, exactly
             view.copy_(w).abs_()
-        if mask_of(m, a) is not None:
-            view.mul_(mask_of(m, a))
+        if mask_of(m, a) is not None:  # pruned: 0, whatever weight_orig holds there
+            keep_where_(view, as_bool(mask_of(m, a)))
     return dict(zip(targets, views))
 
 

@@ -18,9 +18,11 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 
 from gradsift.checks import check_float, check_int
+from gradsift.pruning.boolean_mask import as_bool
 from gradsift.pruning.inputs import forward
+from gradsift.pruning.keep_where import keep_where
 from gradsift.pruning.methods._hvp import batch_stats_only_, math_attention
-from gradsift.pruning.params import device_of, original, param_path
+from gradsift.pruning.params import device_of, mask_of, original, param_path
 from gradsift.pruning.registry import register_method
 from gradsift.pruning.sampling import batches, need_data
 
@@ -57,6 +59,8 @@ def prospr(
     masks = []
     for m, a in targets.values():
         theta = original(m, a).detach()
+        if mask_of(m, a) is not None:  # pruned: 0, whatever weight_orig holds there
+            theta = keep_where(theta, as_bool(mask_of(m, a)))
         masks.append(torch.ones_like(theta, requires_grad=True))
         fast[param_path(model, m, a)] = theta * masks[-1]
     velocity: dict = {}

@@ -19,8 +19,10 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 
 from gradsift.checks import check_choice
+from gradsift.pruning.boolean_mask import as_bool
 from gradsift.pruning.gradients import GradBuffers
 from gradsift.pruning.inputs import forward, num_samples
+from gradsift.pruning.keep_where import keep_where_
 from gradsift.pruning.params import device_of, mask_of, original
 from gradsift.pruning.registry import register_method
 from gradsift.pruning.sampling import BATCH_WEIGHTINGS, batch_weight, batches, need_data
@@ -67,8 +69,8 @@ def snip(
     with torch.no_grad():  # scores written over the gradients: no other copy
         for g, w, (m, a) in zip(grads, ws, targets.values()):
             g.div_(total).mul_(w).abs_()
-            if mask_of(m, a) is not None:
-                g.mul_(mask_of(m, a))
+            if mask_of(m, a) is not None:  # pruned: 0, whatever weight_orig holds there
+                keep_where_(g, as_bool(mask_of(m, a)))
     return dict(zip(targets, grads))
 
 
