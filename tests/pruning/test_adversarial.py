@@ -793,12 +793,6 @@ def test_min_per_layer_guarantees_and_total(allocation):
         assert torch.equal(masks["3.weight"].reshape(-1), expect)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="min_per_layer reserves a layer's best scores by raising them to +inf, so "
-    "real +inf scores in an earlier layer win the lowest-index tie and the layer collapses",
-)
 def test_min_per_layer_with_infinite_scores():
     scores = {"a": torch.tensor([math.inf, math.inf, 1.0]), "b": torch.tensor([0.5, 0.2])}
     masks = gradsift.masks_from_scores(scores, 0.6, min_per_layer=1)  # keeps 2 of 5

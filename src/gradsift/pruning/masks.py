@@ -126,9 +126,13 @@ def select(
         counts = layer_counts(shapes, sparsity, allocation, caps=alive, floor=min_per_layer)
         return _split(flat, shapes, lambda part, n: _keep_top(part, counts[n]))
     keep = min(sum(alive.values()), kept_count(flat.numel(), sparsity))
+    reserved = None
     if min_per_layer:
-        _reserve_(flat, [math.prod(shapes[n]) for n in names], alive, min_per_layer, keep)
-    mask = _keep_top(flat, keep)
+        sizes = [math.prod(shapes[n]) for n in names]
+        reserved = _reserve_(flat, sizes, alive, min_per_layer, keep)
+    mask = _keep_top(flat, keep - (0 if reserved is None else reserved.numel()))
+    if reserved is not None:
+        mask[reserved] = True
     return _split(mask, shapes, lambda part, n: part)
 
 
@@ -212,20 +216,26 @@ def _keep_top(keys: torch.Tensor, keep: int) -> torch.Tensor:
 
 
 def _reserve_(flat: torch.Tensor, sizes: list[int], alive: dict, per_layer: int, keep: int):
-    """Raise each layer's best ``per_layer`` live scores to +inf so they are kept."""
-    reserved = 0
-    offset = 0
+    """The positions in ``flat`` of each layer's best ``per_layer`` live keys, kept
+    whatever the rest holds; their keys become the dead key, so that the remaining
+    ``keep - len`` are selected among the others. (Raising them to +inf instead tied
+    them with +inf scores, and the lowest index won: a layer could collapse.)"""
+    picked, offset = [], 0
     for size, n_alive in zip(sizes, alive.values()):
-        part = flat[offset : offset + size]
         m = min(per_layer, n_alive)
         if m:
-            part[topk_indices(part, m, absolute=False)] = torch.inf
-        reserved += m
+            picked.append(topk_indices(flat[offset : offset + size], m, absolute=False) + offset)
         offset += size
-    if reserved > keep:
+    if not picked:
+        return torch.zeros(0, dtype=torch.int64, device=flat.device)
+    reserved = torch.cat(picked)
+    if reserved.numel() > keep:
         raise ValueError(
-            f"min_per_layer={per_layer} needs {reserved} weights but sparsity keeps only {keep}"
+            f"min_per_layer={per_layer} needs {reserved.numel()} weights but sparsity keeps "
+            f"only {keep}"
         )
+    flat[reserved] = _dead_key(flat.dtype)
+    return reserved
 
 
 def shuffle_masks(
