@@ -870,12 +870,6 @@ def test_sanity_reinit_permutes_each_layer_keeps_masks():
         assert not torch.equal(o, before[n])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="sanity shuffles (replace=True) permute the whole mask, reviving weights "
-    "that an earlier pruning had removed ('a weight pruned before stays pruned')",
-)
 @pytest.mark.parametrize("sanity", ["shuffle-layer", "shuffle-global"])
 def test_sanity_shuffle_keeps_previously_pruned_weights_pruned(sanity):
     model = mlp()

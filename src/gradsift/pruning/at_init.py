@@ -123,6 +123,9 @@ def prune_at_init(
     if entry.rescorer is not None and len(targets) > 1:  # cheap rounds when it has them
         rescore = entry.rescorer(model, data, params=params, **checked_options(method, options))
     masks = _installed(model, params, sparsity)
+    before = None  # a shuffle draws among the weights an earlier pruning kept
+    if masks is not None and sanity in ("shuffle-layer", "shuffle-global"):
+        before = {name: mask.clone() for name, mask in masks.items()}
     for i, target in enumerate(targets):
         if rescore is not None:
             scores = rescore(masks)
@@ -144,7 +147,7 @@ def prune_at_init(
             install_masks_(model, masks, owned=True)
     del rescore  # the rescorer's private copy
     install_masks_(model, masks, owned=True)
-    sanity_masks_(model, masks, sanity, generator=generator)
+    sanity_masks_(model, masks, sanity, generator=generator, within=before)
     return {name: mask_of(m, a) for name, (m, a) in prunable(model, list(masks)).items()}
 
 

@@ -239,12 +239,28 @@ def _reserve_(flat: torch.Tensor, sizes: list[int], alive: dict, per_layer: int,
 
 
 def shuffle_masks(
-    masks: dict[str, torch.Tensor], *, generator: torch.Generator | None = None
+    masks: dict[str, torch.Tensor],
+    *,
+    generator: torch.Generator | None = None,
+    within: dict[str, torch.Tensor] | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Each layer's mask randomly permuted: same density per layer, random positions."""
+    """Each layer's mask randomly permuted: same density per layer, random positions.
+
+    ``within``: masks of an earlier pruning that ``masks`` lie inside; the positions
+    are then drawn among those it keeps only (a weight pruned before stays pruned).
+    """
     gen = generator if generator is not None else torch.Generator().manual_seed(0)
     out = {}
     for name, m in masks.items():
-        perm = torch.randperm(m.numel(), generator=gen, device=gen.device).to(m.device)
-        out[name] = m.reshape(-1)[perm].view_as(m).clone()
+        flat = m.reshape(-1)
+        earlier = None if within is None else within.get(name)
+        if earlier is None:
+            perm = torch.randperm(m.numel(), generator=gen, device=gen.device).to(m.device)
+            out[name] = flat[perm].view_as(m).clone()
+            continue
+        alive = torch.nonzero(as_bool(earlier).reshape(-1).to(m.device)).squeeze(1)
+        perm = torch.randperm(alive.numel(), generator=gen, device=gen.device).to(m.device)
+        shuffled = torch.zeros_like(flat)
+        shuffled[alive] = flat[alive][perm]
+        out[name] = shuffled.view_as(m)
     return out

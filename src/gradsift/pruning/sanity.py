@@ -52,11 +52,25 @@ def inverted(scores: dict[str, torch.Tensor], sanity: str | None) -> dict[str, t
 
 
 def shuffle_global(
-    masks: dict[str, torch.Tensor], *, generator: torch.Generator | None = None
+    masks: dict[str, torch.Tensor],
+    *,
+    generator: torch.Generator | None = None,
+    within: dict[str, torch.Tensor] | None = None,
 ) -> dict[str, torch.Tensor]:
-    """One random permutation of all masks seen as one vector (total count kept)."""
+    """One random permutation of all masks seen as one vector (total count kept);
+    ``within`` as in ``shuffle_masks``."""
     flat = torch.cat([m.reshape(-1) for m in masks.values()])
-    flat = shuffle_masks({"all": flat}, generator=generator)["all"]
+    earlier = None
+    if within is not None:
+        earlier = torch.cat(
+            [
+                within[n].reshape(-1).to(flat.device, torch.bool)
+                if within.get(n) is not None
+                else torch.ones(m.numel(), dtype=torch.bool, device=flat.device)
+                for n, m in masks.items()
+            ]
+        )
+    flat = shuffle_masks({"all": flat}, generator=generator, within={"all": earlier})["all"]
     out, offset = {}, 0
     for name, m in masks.items():
         out[name] = flat[offset : offset + m.numel()].view_as(m).clone()
@@ -83,13 +97,15 @@ def sanity_masks_(
     sanity: str | None,
     *,
     generator: torch.Generator | None = None,
+    within: dict[str, torch.Tensor] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Apply the variants that act on installed masks (shuffles, reinit) to ``model``;
-    the masks now installed."""
+    the masks now installed. ``within``: the masks the model had before this pruning
+    (the shuffles keep what they pruned pruned)."""
     if sanity == "shuffle-layer":
-        masks = shuffle_masks(masks, generator=generator)
+        masks = shuffle_masks(masks, generator=generator, within=within)
     elif sanity == "shuffle-global":
-        masks = shuffle_global(masks, generator=generator)
+        masks = shuffle_global(masks, generator=generator, within=within)
     elif sanity == "reinit":
         reinit_(model, masks, generator=generator)
     else:
