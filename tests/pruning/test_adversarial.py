@@ -1228,13 +1228,6 @@ class DirectReadRelu(nn.Module):
         return self.head(torch.relu(h @ self.fc.weight.t()))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=RuntimeError,
-    reason="SynFlow's ScoringLinear overwrites the weight in its backward, so a Linear "
-    "whose weight is used more than once (module called twice, or also read directly) "
-    "fails (autograd version check / 'scored twice')",
-)
 @pytest.mark.parametrize("cls", [SharedRelu, DirectReadRelu])
 @pytest.mark.parametrize("method", ["synflow", "synflow_l2"])
 def test_synflow_linear_weight_used_twice(method, cls):

@@ -64,6 +64,7 @@ class Linearised:
         self.phis = [nn.Parameter(v, requires_grad=False) for v in views]
         holders = owners(work)
         self.reached = [False] * len(self.phis)
+        self.patched: list[nn.Linear] = []  # scoring in their own backward
         for i, ((module, attr), phi) in enumerate(zip(pairs, self.phis)):
             held = holders[id(original(module, attr))]
             for m, a in held:  # every holder of a tie
@@ -72,6 +73,7 @@ class Linearised:
                 # no reference to self from the copy: no cycle keeping φ alive
                 done = functools.partial(_reach, self.reached, self.names, method, i)
                 module.forward = scoring_forward(module, power, done)
+                self.patched.append(module)
         _private_rest_(work, {id(p) for p in self.phis}, dtype, power)
         refuse_token_ids(work, method)
         self.refill_(None)
@@ -80,6 +82,7 @@ class Linearised:
     def refill_(self, masks: dict | None) -> None:
         """``φ = |θ|^power`` of the caller's weights, zero where ``masks`` (else the
         installed masks) prune."""
+        self.masks = masks  # for a rebuild (see ``scores``)
         for name, phi, src, installed, zero in zip(
             self.names, self.phis, self.sources, self.installed, self.zero
         ):
@@ -95,7 +98,26 @@ class Linearised:
                 keep_where_(phi, keep)
 
     def scores(self, input_shape) -> dict[str, torch.Tensor]:
-        """``|θ| ⊙ ∂R/∂φ`` written over ``φ``; ``R`` the output sum on ones."""
+        """``|θ| ⊙ ∂R/∂φ`` written over ``φ``; ``R`` the output sum on ones.
+
+        A ``Linear`` scores its weight in its own backward, which holds only when the
+        weight is used once: a module called twice (shared layers) or a weight read
+        elsewhere in the forward fails that backward (a version or "scored twice"
+        error), and the round is then redone with those modules' own forward, the
+        score written once the whole gradient has accumulated (autograd sums it).
+        """
+        try:
+            return self._scores(input_shape)
+        except RuntimeError:
+            if not self.patched:
+                raise
+            for module in self.patched:
+                del module.forward  # nn.Linear.forward again
+            self.patched = []
+            self.refill_(self.masks)  # the failed backward wrote over part of φ
+            return self._scores(input_shape)
+
+    def _scores(self, input_shape) -> dict[str, torch.Tensor]:
         self.reached[:] = [False] * len(self.phis)
         handles = []
         for i, phi in enumerate(self.phis):
