@@ -217,14 +217,22 @@ def deepcopy_model(model: nn.Module, *, share_parameters: bool = False) -> nn.Mo
 
 def _shared(model: nn.Module) -> dict:
     """A ``deepcopy`` memo that maps each parameter to a new ``nn.Parameter`` over its
-    storage, and each mask buffer and plain tensor attribute (a masked weight, already
-    detached by ``deepcopy_model``) to itself."""
+    storage, and each mask buffer and masked weight (a plain tensor attribute beside
+    its ``_orig`` parameter and ``_mask`` buffer, already detached by
+    ``deepcopy_model``) to itself; any other plain tensor attribute is copied (the
+    model may write it in its forward)."""
     memo: dict = {}
     for p in model.parameters():
         memo[id(p)] = nn.Parameter(p.detach(), requires_grad=p.requires_grad)
     for module in model.modules():
         shared = [b for n, b in module._buffers.items() if n.endswith("_mask")]
-        shared += [v for v in vars(module).values() if isinstance(v, torch.Tensor)]
+        shared += [
+            v
+            for n, v in vars(module).items()
+            if isinstance(v, torch.Tensor)
+            and n + "_orig" in module._parameters
+            and n + "_mask" in module._buffers
+        ]
         for t in shared:
             if t is not None:
                 memo[id(t)] = t.detach()
