@@ -83,6 +83,7 @@ class FlatBucket:
         self._held: torch.Tensor | None = None
         self._ref = weakref.ref(grad)
         self._views: list | None = None
+        self._given: list = [None] * len(params)  # weak refs to the views given as grads
 
     @functools.cached_property
     def bounds(self) -> torch.Tensor:
@@ -129,6 +130,24 @@ class FlatBucket:
         if _dense_strides(p):
             return part.as_strided(p.shape, p.stride())
         return part.view_as(p)
+
+    def give_(self, flat: torch.Tensor, i: int) -> torch.Tensor:
+        """Make ``params[i].grad`` its view of ``flat`` (remembered weakly: a view the
+        user keeps after dropping it as a gradient must not be written again)."""
+        view = self.view(flat, i)
+        self.params[i].grad = view
+        self._given[i] = weakref.ref(view)
+        return view
+
+    def _kept_elsewhere(self, flat: torch.Tensor, owned: list[bool]) -> bool:
+        """Whether a view of ``flat`` given as a gradient is alive but no longer its
+        parameter's gradient: someone kept it (``kept = p.grad; p.grad = None``)."""
+        for i, ref in enumerate(self._given):
+            if not owned[i] and ref is not None:
+                view = ref()
+                if view is not None and view._base is flat:
+                    return True
+        return False
 
     def owns_grad(self, i: int) -> bool:
         """Whether ``params[i].grad`` is still the view into ``self.grad``."""
@@ -199,19 +218,38 @@ class FlatBucket:
     def attach_grads_(self) -> None:
         """Hold the buffer (``hold_``) and point every present ``p.grad`` at its view,
         copying foreign grads in; the slices of parameters whose grad is None are
-        zeroed (they keep ``grad=None``)."""
+        zeroed (they keep ``grad=None``).
+
+        Where a view given as a gradient was dropped but kept by someone, the buffer
+        moves: a new one takes every gradient (what was written and assigned carried
+        over) and the kept view keeps the old one, which torch would never write again.
+        """
         self.drop_if_orphaned_()
+        owned = [self.owns_grad(i) for i in range(len(self.params))]
+        moved, carried = set(), None
+        old = self.grad
+        if old is not None and self._held is None and self._kept_elsewhere(old, owned):
+            moved = {i for i, own in enumerate(owned) if own}
+            carried = (old._version != self.zero_version, set(self.assigned))
+            self._ref = None  # hold_ allocates the new buffer
+            owned = [False] * len(self.params)
         flat = self.hold_()
         for i, p in enumerate(self.params):
-            if self.owns_grad(i):
+            if owned[i]:
                 continue
             view = self.view(flat, i)
             if p.grad is None:
                 view.zero_()
             else:  # a sparse gradient is densified: top-k reads every coordinate
                 view.copy_(p.grad.to_dense() if p.grad.layout != torch.strided else p.grad)
-                p.grad = view
-                self.assigned.add(i)
+                self.give_(flat, i)
+                if i not in moved:
+                    self.assigned.add(i)
+        if carried is not None:
+            written, assigned = carried
+            self.assigned |= assigned
+            if not written:
+                self.zero_version = flat._version
 
 
 def build_buckets(params: list[torch.Tensor], *, state: tuple[str, ...] = ()) -> list[FlatBucket]:
@@ -236,7 +274,7 @@ def build_buckets(params: list[torch.Tensor], *, state: tuple[str, ...] = ()) ->
             if p.grad is not None:
                 g = p.grad.to_dense() if p.grad.layout != torch.strided else p.grad
                 bucket.view(grad, i).copy_(g)
-            p.grad = bucket.view(grad, i)
+            bucket.give_(grad, i)
         bucket.mark_zeroed()
         buckets.append(bucket)
     return buckets

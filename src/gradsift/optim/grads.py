@@ -189,7 +189,7 @@ class GradSet:
         for p in absent:
             if p.grad is None:
                 b, i = self._where(p)
-                p.grad = b.view(b.grad, i)
+                b.give_(b.grad, i)
 
     def _where(self, p) -> tuple[FlatBucket, int]:
         for b in self.buckets:
@@ -240,7 +240,7 @@ class GradSet:
                 b.mark_zeroed()
                 for j, p in enumerate(b.params):
                     if p.grad is not None and not b.owns_grad(j):
-                        p.grad = b.view(flat, j)  # an assigned grad: back to the zeroed view
+                        b.give_(flat, j)  # an assigned grad: back to the zeroed view
             finally:
                 b.let_go_()
         self.tracker.reset()
