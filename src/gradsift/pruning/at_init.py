@@ -123,9 +123,7 @@ def prune_at_init(
     if entry.rescorer is not None and len(targets) > 1:  # cheap rounds when it has them
         rescore = entry.rescorer(model, data, params=params, **checked_options(method, options))
     masks = _installed(model, params, sparsity)
-    before = None  # a shuffle draws among the weights an earlier pruning kept
-    if masks is not None and sanity in ("shuffle-layer", "shuffle-global"):
-        before = {name: mask.clone() for name, mask in masks.items()}
+    before = _kept_before(masks, sanity)
     for i, target in enumerate(targets):
         if rescore is not None:
             scores = rescore(masks)
@@ -149,6 +147,14 @@ def prune_at_init(
     install_masks_(model, masks, owned=True)
     sanity_masks_(model, masks, sanity, generator=generator, within=before)
     return {name: mask_of(m, a) for name, (m, a) in prunable(model, list(masks)).items()}
+
+
+def _kept_before(masks: dict | None, sanity: str | None) -> dict | None:
+    """The masks a sanity shuffle draws within (an earlier pruning's); a copy, since
+    the rounds consume ``masks``."""
+    if masks is None or sanity not in ("shuffle-layer", "shuffle-global"):
+        return None
+    return {name: mask.clone() for name, mask in masks.items()}
 
 
 def _installed(model: nn.Module, params: Selector, sparsity: float) -> dict | None:
