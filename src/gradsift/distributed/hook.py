@@ -101,7 +101,7 @@ def _finish(state: TopKHookState, stash) -> None:
     state.budget.check_fits(n, f"the model's {n} coordinates")  # n: the same on every rank
     iteration, state.iter = state.iter, state.iter + 1
     if finite and state.clip_norm is not None:  # DGC Sec. 3.3: clip before accumulating
-        torch.nn.utils.clip_grad_norm_([flat], state.clip_norm / world**0.5)
+        _clip_(state, flat, world)
     k = state.budget_at(iteration).resolve(n)
     encoding, size = message_bytes(state, n, k, flat.dtype)
     if not finite or (state.dense_if_larger and not sparse_pays(size, n, element, world)):
@@ -109,6 +109,20 @@ def _finish(state: TopKHookState, stash) -> None:
     else:
         _sparse(state, flat, k, encoding, world)
     _scatter(stash, entries, flat)
+
+
+def _clip_(state: TopKHookState, flat: torch.Tensor, world: int) -> None:
+    """DGC's local clipping (Sec. 3.3), ``g <- g * min(1, c / (sqrt(W) ||g||))``, with
+    ``clip_grad_norm_``'s maths (its 1e-6) on the buffer itself: ``clip_grad_norm_``
+    clips ``.grad`` attributes, so given the buffer it changed nothing. The norm is
+    taken in float32 (a float16 one overflows), the threshold in the loss scale's
+    units under a ``GradScaler`` (the buffer holds scaled gradients)."""
+    max_norm = state.clip_norm / world**0.5
+    scaler = state.grad_scaler
+    if scaler is not None and scaler.is_enabled():
+        max_norm *= float(scaler.get_scale())
+    norm = torch.linalg.vector_norm(flat, dtype=torch.float32)
+    flat.mul_((max_norm / (norm + 1e-6)).clamp(max=1.0).to(flat.dtype))
 
 
 def _digest(layout) -> int:
