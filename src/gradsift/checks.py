@@ -27,7 +27,7 @@ def check_int(name: str, value, *, minimum: int | None = None) -> int:
 
     Raises ``TypeError`` for a non-integer and ``ValueError`` below ``minimum``.
     """
-    if isinstance(value, bool):
+    if isinstance(value, bool) or (isinstance(value, torch.Tensor) and value.dtype == torch.bool):
         raise TypeError(f"{name} must be an int, got bool")
     try:
         value = operator.index(value)

@@ -78,7 +78,7 @@ def topk_indices(
     Synchronises with the host once (the NaN check) on every backend.
     """
     k = _check_topk_args(x, k)
-    x = x.contiguous()
+    x = x.detach().contiguous()  # a selection is not differentiable; out= ops refuse grad
     if use_triton(x, backend):
         from gradsift.select.triton import topk as triton_topk
 
@@ -100,11 +100,12 @@ def topk_mask(
     ``topk_indices``.
     """
     k = _check_topk_args(x, k)
+    x = x.detach().contiguous()  # a selection is not differentiable; out= ops refuse grad
     if use_triton(x, backend):
         from gradsift.select.triton import topk as triton_topk
 
-        return triton_topk.topk_mask(x.contiguous(), k, absolute)
-    keys = key(x.contiguous(), absolute)
+        return triton_topk.topk_mask(x, k, absolute)
+    keys = key(x, absolute)
     if has_nan(keys):
         raise_nan(x)
     return top_mask(keys, k)
