@@ -75,7 +75,7 @@ class FlatBucket:
         self.params: list[torch.Tensor] = params
         self.state: dict[str, torch.Tensor] = state
         self.offsets: list[int] = offsets
-        self.strides = [p.stride() for p in params]  # the views' layout (see ``view``)
+        self.data_ptrs = [p.data_ptr() for p in params]  # see ``matches``
         self.numel, self.dtype, self.device = grad.numel(), grad.dtype, grad.device
         self.zero_version = -1  # ``grad._version`` when last zeroed (nothing written since)
         self.generation = 0  # how many buffers were allocated after the first
@@ -154,6 +154,9 @@ class FlatBucket:
         g, flat = self.params[i].grad, self.grad
         if g is None or flat is None or g._base is not flat:
             return False
+        given = self._given[i]
+        if given is not None and given() is g:  # the view given, unchanged: the usual case
+            return True
         if self._views is None:  # (address, shape, strides) of each view, computed once
             size = flat.element_size()
             self._views = [
@@ -204,16 +207,13 @@ class FlatBucket:
         self.assigned.clear()
 
     def matches(self) -> bool:
-        """Whether every parameter still has the bucket's dtype, device and strides.
-
-        ``model.to(torch.float64)`` or ``model.to(memory_format=torch.channels_last)``
-        after the buffer was built changes them in place; the views (gradients,
-        residuals) must then be laid out again.
+        """Whether every parameter still has the data it had when the bucket was laid
+        out. ``model.to(torch.float64)``, ``model.to("cuda")`` or
+        ``model.to(memory_format=torch.channels_last)`` give a parameter new data (a
+        new dtype, device or strides): the views (gradients, residuals) must then be
+        laid out again. One pointer per parameter: a step checks it more than once.
         """
-        return all(
-            p.dtype == self.dtype and p.device == self.device and p.stride() == s
-            for p, s in zip(self.params, self.strides)
-        )
+        return all(p.data_ptr() == ptr for p, ptr in zip(self.params, self.data_ptrs))
 
     def attach_grads_(self) -> None:
         """Hold the buffer (``hold_``) and point every present ``p.grad`` at its view,

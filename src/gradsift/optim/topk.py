@@ -151,6 +151,7 @@ class TopK(HasBudget, OptimizerWrapper):
         # FSDP2 (DTensor parameters): no flat buckets, the gradients stay FSDP's
         self._grads = grad_set(trainable, self._state_names(), touched, self.state)
         self._contiguous = all(p.is_contiguous() for p in trainable)
+        self._frozen = [p for p in self._params() if not p.requires_grad]  # see _refresh
         for b in self._grads.buckets:
             for i, p in enumerate(b.params):
                 for name, flat in b.state.items():
@@ -197,10 +198,7 @@ class TopK(HasBudget, OptimizerWrapper):
         """Lay the buffers out again where a parameter changed dtype, device or strides
         (``model.to(...)``), or one that was frozen when they were laid out has a
         gradient now (unfrozen: it joins a bucket, its state carried over)."""
-        ids = self._grads.ids
-        if self._grads.stale() or any(
-            p.grad is not None and p.requires_grad and id(p) not in ids for p in self._params()
-        ):
+        if self._grads.stale() or any(p.grad is not None and p.requires_grad for p in self._frozen):
             self._build()
 
     def _sparsify(self):
