@@ -96,3 +96,32 @@ def test_default_selection_warns_when_it_covers_less_than_half():
         warnings.simplefilter("error")
         prunable(Tagger(), params=["emb.weight", "head.weight"])  # chosen: no warning
         prunable(mlp())
+
+
+class Decoder(torch.nn.Module):
+    """A transposed convolution between two convolutions (a U-Net's up-sampling)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.down = torch.nn.Conv2d(1, 4, 3, stride=2, padding=1)
+        self.up = torch.nn.ConvTranspose2d(4, 4, 4, stride=2, padding=1)
+        self.head = torch.nn.Conv2d(4, 3, 3, padding=1)
+
+    def forward(self, x):
+        h = torch.relu(self.up(torch.relu(self.down(x))))
+        return self.head(h).mean((2, 3))
+
+
+@pytest.mark.parametrize("method", gradsift.list_methods())
+def test_default_selection_covers_transposed_convolutions(method):
+    # "Conv*" as the README says: ConvTranspose weights too, by every method
+    model = Decoder()
+    assert list(prunable(model)) == ["down.weight", "up.weight", "head.weight"]
+    gen = torch.Generator().manual_seed(0)
+    data = [(torch.randn(30, 1, 8, 8, generator=gen), torch.arange(30) % 3) for _ in range(2)]
+    options = gradsift.pruning.supported_options(method, samples_per_class=10, num_classes=3)
+    masks = gradsift.prune_at_init(model, method, 0.8, data, **options)
+    total = sum(m.numel() for m in masks.values())
+    assert sum(int(m.sum()) for m in masks.values()) == total - round(0.8 * total)
+    assert masks["up.weight"].shape == model.up.weight.shape

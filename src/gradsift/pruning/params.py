@@ -37,7 +37,11 @@ __all__ = [
 # (name, module, parameter) -> bool
 Selector = None | list | tuple | set | Callable[[str, nn.Module, torch.Tensor], bool]
 
-_DEFAULT_TYPES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
+_DEFAULT_TYPES = (
+    nn.Linear,
+    *(nn.Conv1d, nn.Conv2d, nn.Conv3d),
+    *(nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d),
+)
 # nn.MultiheadAttention's own projection weights (its out_proj is a Linear)
 _ATTENTION_WEIGHTS = ("in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight")
 
