@@ -333,6 +333,12 @@ def test_sparsify_conserves_mass_exactly(dtypes, k, scope, seed):
     ps, rs = _params(dtypes, sizes, seed)
     a = [(r + p.grad) for p, r in zip(ps, rs)]  # each in its own dtype
     total = sum(p.numel() for p in ps)
+    limit = total if scope == "global" else max(p.numel() for p in ps)
+    if k > limit:  # every step would be dense: refused, nothing touched
+        with pytest.raises(ValueError, match=f"k={k} is larger than"):
+            gradsift.sparsify_grads_(ps, k=k, residuals=rs, scope=scope)
+        assert all(torch.equal(r + p.grad, ai) for p, r, ai in zip(ps, rs, a))
+        k = limit
     kept = gradsift.sparsify_grads_(ps, k=k, residuals=rs, scope=scope)
     nonzero = 0
     for p, r, ai in zip(ps, rs, a):

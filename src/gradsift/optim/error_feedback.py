@@ -207,6 +207,8 @@ def sparsify_grads_(
     ``a = grad + residual``, ``grad <- top_k(a)``, ``residual <- a - top_k(a)``. With
     ``velocities`` and ``momentum_correction=m``, DGC's momentum correction too (see
     ``gradsift.optim.error_feedback``). ``scope="layer"`` selects within each tensor.
+    A ``k`` larger than the coordinates of ``params`` (with ``scope="layer"``, the
+    largest tensor's) raises ``ValueError``, as in ``TopK``: every step would be dense.
 
     Returns the number of coordinates kept.
     """
@@ -238,6 +240,9 @@ def sparsify_grads_(
         for i, p in enumerate(params)
         if p.grad is not None
     ]
+    if params:  # k beyond every coordinate given: an error, as in TopK and the hook
+        n = (sum if scope == "global" else max)(p.numel() for p in params)
+        budget.check_fits(n, f"the {n} coordinates of params ({scope} scope)")
     return sparsify_tensors_(triples, budget, scope=scope, momentum=m or 0.0)
 
 
