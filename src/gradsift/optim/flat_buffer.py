@@ -114,11 +114,14 @@ class FlatBucket:
         """Leave the buffer to the gradient views (freed once none is left)."""
         self._held = None
 
-    def drop_if_orphaned_(self) -> None:
+    def drop_if_orphaned_(self, owned: list[bool] | None = None) -> None:
         """Drop a buffer that no ``p.grad`` views any more, so that the next step
         allocates a new one (someone else keeps it alive: their tensor must not
-        change, as torch never writes a dropped gradient again)."""
-        if self._held is None and not any(self.owns_grad(i) for i in range(len(self.params))):
+        change, as torch never writes a dropped gradient again). ``owned``:
+        ``owns_grad`` of every parameter, where the caller has it already."""
+        if owned is None:
+            owned = (self.owns_grad(i) for i in range(len(self.params)))
+        if self._held is None and not any(owned):
             self._ref = None
 
     def view(self, flat: torch.Tensor, i: int) -> torch.Tensor:
@@ -224,8 +227,8 @@ class FlatBucket:
         moves: a new one takes every gradient (what was written and assigned carried
         over) and the kept view keeps the old one, which torch would never write again.
         """
-        self.drop_if_orphaned_()
         owned = [self.owns_grad(i) for i in range(len(self.params))]
+        self.drop_if_orphaned_(owned)
         moved, carried = set(), None
         old = self.grad
         if old is not None and self._held is None and self._kept_elsewhere(old, owned):

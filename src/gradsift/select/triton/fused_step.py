@@ -110,10 +110,6 @@ def _pinned(host: torch.Tensor, dev: torch.device) -> torch.Tensor:
     return host.pin_memory() if dev.type == "cuda" else host
 
 
-def _to_device(host: torch.Tensor, dev: torch.device) -> torch.Tensor:
-    return _pinned(host, dev).to(dev, non_blocking=True) if dev.type == "cuda" else host
-
-
 class FusedStep:
     """The fused step of one flat gradient, as a function of tensors: its
     ``Selection`` buffers, the parameter table of the SGD apply (rebuilt only when the
@@ -140,7 +136,8 @@ class FusedStep:
                 torch.tensor(padded, dtype=torch.int64, device="cpu"),
                 torch.tensor(lrs, dtype=torch.float32, device="cpu"),
             )
-            self._table = tuple(_to_device(t, dev) for t in host)
+            cuda = dev.type == "cuda"  # on the CPU, .to(dev) returns the host tensor
+            self._table = tuple(_pinned(t, dev).to(dev, non_blocking=cuda) for t in host)
             self._table_key, self._search, self._lrs = key, search, tuple(lrs)
         elif tuple(lrs) != self._lrs:
             lr_host = torch.tensor(lrs, dtype=torch.float32, device="cpu")
