@@ -29,7 +29,7 @@ def _why_not(opt) -> str | None:
     if opt.scope != "global":
         return 'scope="layer"'
     b = grads.buckets[0]
-    if any(p.grad is not None and id(p) not in grads.ids for p in opt._params()):
+    if grads.outside(opt._params()):
         return "a gradient lies outside the flat buffer"
     if b.dtype not in DTYPES:
         return f"dtype {b.dtype}"

@@ -48,6 +48,11 @@ class GradSet:
         self.tracker.remove()
         return set(self.tracker.touched)
 
+    def outside(self, params) -> list[torch.Tensor]:
+        """Those of ``params`` with a gradient that are not in the buckets (frozen when
+        the buckets were laid out, or with a gradient set by hand)."""
+        return [p for p in params if p.grad is not None and id(p) not in self.ids]
+
     def prepare(self, others: list[torch.Tensor], name_of):
         """Attach this step's gradients and check them; return the present ones.
 

@@ -202,7 +202,7 @@ class TopK(HasBudget, OptimizerWrapper):
             self._build()
 
     def _sparsify(self):
-        others = [p for p in self._params() if p.grad is not None and id(p) not in self._grads.ids]
+        others = self._grads.outside(self._params())
         present, in_buckets = self._grads.prepare(others, self._name)
         return self._grads.select(
             present, in_buckets, self.budget, self.scope, self.momentum_correction, self._own
@@ -272,9 +272,8 @@ class TopK(HasBudget, OptimizerWrapper):
         if self._grads.stale():
             self._build()
         self._grads.zero_(set_to_none)
-        for p in self._params():
-            if p.grad is not None and id(p) not in self._grads.ids:
-                p.grad = None if set_to_none else p.grad.zero_()
+        for p in self._grads.outside(self._params()):
+            p.grad = None if set_to_none else p.grad.zero_()
 
     def memory_bytes(self) -> dict[str, int]:
         """Bytes held beyond parameters and gradients: ``state``, ``workspace``."""
