@@ -143,6 +143,29 @@ def test_a_weight_that_does_not_reach_the_output_is_a_clear_error(method):
         gradsift.score(Dangling(), method, input_shape=(4,))
 
 
+class CastsToFloat32(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 16), nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x.float())))
+
+
+@pytest.mark.parametrize("method", ["synflow", "synflow_l2"])
+def test_a_model_casting_in_its_forward_is_told_to_pass_dtype(method):
+    """The float64 linearised copy fails in such a forward: the error names dtype=,
+    and with dtype=torch.float32 the scores equal the plain model's float32 ones."""
+    model = CastsToFloat32()
+    with pytest.raises(ValueError, match=r"in torch.float64 .*needs dtype= of that type"):
+        gradsift.score(model, method, input_shape=(8,))
+    plain = nn.Sequential(model.a, nn.ReLU(), model.b)
+    got = gradsift.score(model, method, input_shape=(8,), dtype=torch.float32)
+    want = gradsift.score(plain, method, input_shape=(8,), dtype=torch.float32)
+    for name, key in (("a.weight", "0.weight"), ("b.weight", "2.weight")):
+        torch.testing.assert_close(got[name], want[key], rtol=0, atol=0)
+
+
 def test_the_linearised_network_is_freed_without_the_garbage_collector(monkeypatch):
     """Its float64 weights are the largest buffer of a SynFlow prune: nothing may hold
     them in a reference cycle once pruning returns (a cycle waits for ``gc``)."""

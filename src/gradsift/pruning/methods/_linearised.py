@@ -126,7 +126,7 @@ class Linearised:
             handles.append(phi.register_post_accumulate_grad_hook(hook))
         ones = torch.ones((1, *input_shape), dtype=self.dtype, device=self._device())
         try:
-            self.work(ones).sum().backward()
+            self._forward(ones).sum().backward()
         finally:
             for h in handles:
                 h.remove()
@@ -140,6 +140,17 @@ class Linearised:
                 "them), so they have no synaptic flow to score; leave them out with params="
             )
         return dict(zip(self.names, self.phis))
+
+    def _forward(self, ones: torch.Tensor) -> torch.Tensor:
+        try:
+            return self.work(ones)
+        except RuntimeError as e:  # not one the rounds redo (``scores``): say why
+            raise ValueError(
+                f"{self.method}: the linearised network's forward failed on ones of shape "
+                f"{tuple(ones.shape)} with every parameter and buffer in {self.dtype} ({e}); "
+                "a model that casts inside its forward (x.float(), .half()) needs dtype= "
+                "of that type, e.g. dtype=torch.float32"
+            ) from e
 
     def _score_(self, i: int, phi: torch.Tensor) -> None:
         g, phi.grad = phi.grad, None

@@ -65,7 +65,9 @@ def linearised_rescorer(model, data, *, params, input_shape, dtype, power, split
 
 def synflow(model, targets, data=None, *, input_shape=None, dtype=torch.float64, split_batch=None):
     """θ ⊙ ∂R/∂θ with R the sum of the linearised network's output on ones; ``data``
-    (or ``input_shape``) gives only the input's shape (``split_batch`` as in snip)."""
+    (or ``input_shape``) gives only the input's shape (``split_batch`` as in snip).
+    The linearised copy holds every parameter and buffer in ``dtype``: a forward that
+    casts (``x.float()``) needs ``dtype`` of that type, and is told so."""
     return linearised_scores(model, targets, data, input_shape, dtype, 1, split_batch)
 
 
