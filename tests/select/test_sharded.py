@@ -52,4 +52,5 @@ def test_order_keys_order_like_the_floats(dtype, absolute):
 
 def test_selection_bytes_are_independent_of_the_vector():
     b = selection_bytes(2)
-    assert b == {"allreduce": 4 * 256 * 8 + 32, "allgather": 2 * 2 * 8}
+    # 4 passes of 256 bins, the NaN count and 2 ranks' (k, key bits, absolute)
+    assert b == {"allreduce": (4 * 256 + 1 + 3 * 2) * 8, "allgather": 2 * 2 * 8}

@@ -75,6 +75,17 @@ class ShardedGrads:
     def close(self) -> set[int]:
         return {id(p) for p in self.params if p.grad is not None}
 
+    def outside(self, params) -> list[torch.Tensor]:
+        """Those of ``params`` with a gradient that ``TopK`` does not manage."""
+        return [p for p in params if p.grad is not None and id(p) not in self.ids]
+
+    def drop_absent(self) -> list[torch.Tensor]:
+        """Nothing to drop: a sharded parameter without a gradient has ``grad`` None."""
+        return []
+
+    def restore_views(self, absent: list[torch.Tensor]) -> None:
+        pass
+
     def prepare(self, others, name_of):
         """The parameters with a gradient; a non-finite one on any rank raises the
         same ``ValueError`` on every rank, before anything is modified."""
@@ -122,9 +133,11 @@ class ShardedGrads:
             if counted:
                 parts.append(a.reshape(-1))
                 segments.append((start, n))
-        dtype = parts[0].dtype if parts else ps[0].dtype
-        for t in parts:
-            dtype = torch.promote_types(dtype, t.dtype)
+        # the widest dtype over all of them, counted here or not: every rank must
+        # select on keys of the same width
+        dtype = ps[0].dtype
+        for _, a, *_ in accs:
+            dtype = torch.promote_types(dtype, a.dtype)
         flat = torch.cat([t.to(dtype) for t in parts]) if parts else _empty(ps[0], dtype)
         mask = sharded_topk_mask(flat, k, segments=segments, group=self.group)
         self._write_back(accs, mask)

@@ -54,7 +54,6 @@ __all__ = ["BINS", "sharded_topk_indices", "sharded_topk_mask", "selection_bytes
 
 DIGIT = 8
 BINS = 1 << DIGIT
-_EXTRA = 4  # after the bins: NaN count, k, key bits, absolute
 
 
 def order_keys(x: torch.Tensor, absolute: bool) -> torch.Tensor:
@@ -99,18 +98,26 @@ def _check_args(x, k, absolute, offset, segments):
     return k, out, True
 
 
-def _first_pass_extras(x, k, absolute, bits):
+def _first_pass_extras(x, k, absolute, bits, rank: int, world: int) -> list[int]:
+    """The NaN count, then each rank's ``(k, bits, absolute)`` in its own slot: summed
+    over the ranks, every rank sees every rank's settings."""
     nan = int(torch.count_nonzero(torch.isnan(x))) if x.numel() else 0
-    return [nan, k, bits, int(absolute)]
+    slots = [0] * (3 * world)
+    slots[3 * rank : 3 * rank + 3] = [k, bits, int(absolute)]
+    return [nan, *slots]
 
 
-def _agree(extras, world: int, total: int, k: int) -> None:
+def _agree(extras, total: int, k: int) -> None:
     """Raise the same error on every rank from the summed first-pass extras."""
-    nan, k_sum, bits_sum, abs_sum = extras
-    if k_sum != k * world or abs_sum % world or bits_sum % world:
+    nan, slots = extras[0], extras[1:]
+    settings = {tuple(slots[i : i + 3]) for i in range(0, len(slots), 3)}
+    if len(settings) > 1:
+        seen = ", ".join(
+            f"(k {a}, key bits {b}, absolute {bool(c)})" for a, b, c in sorted(settings)
+        )
         raise ValueError(
             "every rank must pass the same k, absolute and shard dtype (float64 vs other "
-            f"floats); sums over {world} ranks: k {k_sum}, absolute {abs_sum}, key bits {bits_sum}"
+            f"floats); the ranks passed {seen}"
         )
     if nan:
         raise ValueError(f"x contains {nan} NaN entries across ranks; top-k of NaN is undefined")
@@ -130,12 +137,13 @@ def _radix_select(keys, k, absolute, bits, x, group):
         d = _digit(cand, shift, top=p == 0)
         hist = torch.bincount(d.to(torch.int64), minlength=BINS)
         if p == 0:
-            extras = hist.new_tensor(_first_pass_extras(x, k, absolute, bits))
+            rank = dist.get_rank(group)
+            extras = hist.new_tensor(_first_pass_extras(x, k, absolute, bits, rank, world))
             hist = torch.cat([hist, extras])
         dist.all_reduce(hist, group=group)
         counts = hist[:BINS].tolist()
         if p == 0:
-            _agree(hist[BINS:].tolist(), world, sum(counts), k)
+            _agree(hist[BINS:].tolist(), sum(counts), k)
         above = 0
         for digit in range(BINS - 1, -1, -1):
             if above + counts[digit] >= need:
@@ -236,8 +244,10 @@ def sharded_topk_indices(
 def selection_bytes(world: int, *, passes: int = 4, segments: int = 1) -> dict[str, int]:
     """Bytes one rank contributes to the selection's collectives (upper bound: the
     select may stop before ``passes``): ``allreduce`` (``passes`` all-reduces of
-    ``BINS + 4`` int64) and ``allgather`` (``2 * segments`` int64 from each rank)."""
+    ``BINS`` int64, the first with ``1 + 3 * world`` more: the NaN count and each
+    rank's k, key bits and absolute) and ``allgather`` (``2 * segments`` int64 from
+    each rank)."""
     return {
-        "allreduce": passes * BINS * 8 + _EXTRA * 8,
+        "allreduce": (passes * BINS + 1 + 3 * world) * 8,
         "allgather": world * 2 * segments * 8,
     }
