@@ -9,23 +9,30 @@ from torch import nn
 from gradsift.optim.flat_buffer import build_buckets
 
 
-def params(dtype=torch.float32):
+def params(dtype=torch.float32, grads=True):
+    """Three parameters, with zero gradients (which ``build_buckets`` makes views of
+    its buffer) unless ``grads=False``."""
     gen = torch.Generator().manual_seed(0)
-    return [
-        nn.Parameter(torch.randn(s, generator=gen, dtype=dtype)) for s in [(3, 4), (5,), (2, 2)]
-    ]
+    ps = [nn.Parameter(torch.randn(s, generator=gen, dtype=dtype)) for s in [(3, 4), (5,), (2, 2)]]
+    for p in ps if grads else []:
+        p.grad = torch.zeros_like(p)
+    return ps
 
 
-def test_grads_become_views_and_backward_fills_the_buffer():
-    ps = params()
+def test_existing_grads_become_views_and_backward_fills_the_buffer():
+    ps = params(grads=False)
+    ps[0].grad = torch.zeros(3, 4)
     ps[1].grad = torch.full((5,), 2.0)  # an existing gradient is kept
     [bucket] = build_buckets(ps, state=("residual",))
     assert bucket.grad.numel() == 21 and bucket.offsets == [0, 12, 17]
     assert torch.equal(bucket.grad[12:17], torch.full((5,), 2.0))
-    assert all(bucket.owns_grad(i) for i in range(3))
+    assert bucket.owns_grad(0) and bucket.owns_grad(1)
+    assert ps[2].grad is None  # a missing gradient stays None, as in torch
     (ps[0].sum() + 3 * ps[2].sum()).backward()
     assert torch.equal(bucket.grad[:12], torch.ones(12))  # accumulated in place
-    assert torch.equal(bucket.grad[17:], torch.full((4,), 3.0))
+    assert not bucket.owns_grad(2) and torch.equal(ps[2].grad, torch.full((2, 2), 3.0))
+    bucket.attach_grads_()  # backward's own tensor is copied in, the view given
+    assert bucket.owns_grad(2) and torch.equal(bucket.grad[17:], torch.full((4,), 3.0))
     assert set(bucket.state) == {"residual"} and not bucket.state["residual"].any()
     assert bucket.view(bucket.state["residual"], 2).shape == (2, 2)
 

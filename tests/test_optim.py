@@ -48,6 +48,20 @@ def trainable(model):
     return [p for p in model.parameters() if p.requires_grad]
 
 
+def grad_of(p):
+    """``p.grad``, or zeros where backward never reached ``p`` (grad None, as in torch)."""
+    return torch.zeros_like(p) if p.grad is None else p.grad
+
+
+def zero_grads(params):
+    """``params`` with zero gradients, given before ``TopK`` lays them out as views of
+    its flat buffer (it leaves a missing gradient None, as torch does): the tests
+    that write gradients in place, without backward, write into those views."""
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    return params
+
+
 def brute_force_topk(grads, k):
     """Reference: concatenate, stable sort by |g| (ties: lowest index), keep k."""
     flat = torch.cat([g.reshape(-1) for g in grads])
@@ -65,7 +79,7 @@ def test_one_step_changes_exactly_top_k(k):
     opt = TopK(torch.optim.SGD(model.parameters(), lr=lr), k=k, error_feedback=False)
     before = [p.detach().clone() for p in model.parameters()]
     loss_of(model, 1).backward()
-    grads = [p.grad.clone() for p in trainable(model) if p.grad is not None]
+    grads = [grad_of(p).clone() for p in trainable(model)]
     flat, mask = brute_force_topk(grads, k)
     opt.step()
     delta = torch.cat(
@@ -81,7 +95,7 @@ def test_one_step_changes_exactly_top_k(k):
     names = [n for n, _ in model.named_parameters()]
     for name, p in model.frozen.named_parameters():
         assert torch.equal(p, before[names.index(f"frozen.{name}")])
-    sparse = torch.cat([p.grad.reshape(-1) for p in trainable(model)])
+    sparse = torch.cat([grad_of(p).reshape(-1) for p in trainable(model)])
     torch.testing.assert_close(sparse, torch.where(mask, flat, 0.0), rtol=0, atol=0)
 
 
@@ -95,7 +109,7 @@ def test_tied_weight_listed_twice_is_one_coordinate_set():
     with pytest.warns(UserWarning, match="duplicate parameters"):
         inner = torch.optim.SGD(listed, lr=0.1)
     opt = TopK(inner, k=7, error_feedback=False)
-    assert sum(b.grad.numel() for b in opt._grads.buckets) == sum(p.numel() for p in listed[:3])
+    assert sum(b.numel for b in opt._grads.buckets) == sum(p.numel() for p in listed[:3])
     loss_of(model, 0).backward()
     grads = [p.grad.clone() for p in listed[:3]]
     opt.sparsify_()
@@ -111,12 +125,12 @@ def test_tensor_scope_selects_within_each_tensor():
         torch.optim.SGD(model.parameters(), lr=1.0), k=k, error_feedback=False, scope="layer"
     )
     loss_of(model, 2).backward()
-    grads = {id(p): p.grad.clone() for p in trainable(model)}
+    grads = {id(p): grad_of(p).clone() for p in trainable(model)}
     opt.step()
     for p in trainable(model):
         g = grads[id(p)]
         flat, mask = brute_force_topk([g], min(k, g.numel()))
-        torch.testing.assert_close(p.grad.reshape(-1), torch.where(mask, flat, 0.0))
+        torch.testing.assert_close(grad_of(p).reshape(-1), torch.where(mask, flat, 0.0))
 
 
 def test_k_equal_n_is_plain_sgd():
@@ -146,7 +160,7 @@ def test_error_feedback_conserves_mass():
         opt.zero_grad()
         loss_of(model, step).backward()
         for s, p in zip(raw_sum, trainable(model)):
-            s += p.grad
+            s += grad_of(p)
         opt.step()
     for p, p0, s in zip(trainable(model), start, raw_sum):
         applied = (p0 - p.detach()) / lr
@@ -160,6 +174,7 @@ def test_fused_path_matches_functional_reference(density, ef):
     torch.manual_seed(0)
     params = [nn.Parameter(torch.randn(s)) for s in [(300, 301), (5,), (40_000,), (7, 3, 3)]]
     ref = [nn.Parameter(p.detach().clone()) for p in params]
+    zero_grads(params)
     opt = TopK(torch.optim.SGD(params, lr=0.1), density=density, error_feedback=ef)
     residuals = [torch.zeros_like(p) for p in ref] if ef else None
     for step in range(3):
@@ -375,12 +390,14 @@ def test_non_finite_grad_raises_naming_parameter_and_modifies_nothing():
     opt = TopK(torch.optim.SGD(model.named_parameters(), lr=0.1), k=5)
     loss_of(model, 0).backward()
     model.hidden.bias.grad[3] = float("nan")
-    grads = [p.grad.clone() for p in trainable(model)]
+    grads = [p.grad if p.grad is None else p.grad.clone() for p in trainable(model)]
     params = copy.deepcopy(list(model.parameters()))
     with pytest.raises(ValueError, match="hidden.bias"):
         opt.step()
     for p, g in zip(trainable(model), grads):
-        torch.testing.assert_close(p.grad, g, equal_nan=True, rtol=0, atol=0)
+        assert (p.grad is None) == (g is None)
+        if g is not None:
+            torch.testing.assert_close(p.grad, g, equal_nan=True, rtol=0, atol=0)
         assert not opt.state[p]["residual"].any()
     for p, q in zip(model.parameters(), params):
         assert torch.equal(p, q)
@@ -407,7 +424,10 @@ def test_dropped_views_stay_correct(how):
             for p, g in zip(trainable(b), grads):
                 p.grad = torch.zeros_like(p) if g is None else g
         else:
-            ref = weakref.ref(opt_b._grads.buckets[0].grad)
+            flat = opt_b._grads.buckets[0].grad  # none before the first step
+            assert (flat is None) == (step == 0), step
+            ref = weakref.ref(flat if step else torch.empty(0))  # dead at once at step 0
+            del flat
             if step == 3:
                 kept = [(p.grad, p.grad.clone()) for p in trainable(b) if p.grad is not None]
             opt_b.zero_grad(set_to_none=True) if how == "set_to_none" else b.zero_grad()
@@ -516,7 +536,7 @@ def test_zero_grad_after_fused_step_zeroes_everything():
     # zero_grad zeroes only the selected coordinates when nothing touched the buffer
     # since the step; after another backward it must zero the whole buffer again
     torch.manual_seed(0)
-    params = [nn.Parameter(torch.randn(300, 300)), nn.Parameter(torch.randn(5000))]
+    params = zero_grads([nn.Parameter(torch.randn(300, 300)), nn.Parameter(torch.randn(5000))])
     opt = TopK(torch.optim.SGD(params, lr=0.1), density=0.01)
     for p in params:
         p.grad.copy_(torch.randn_like(p))
@@ -536,8 +556,8 @@ def test_zero_grad_after_fused_step_zeroes_everything():
 def test_plain_sgd_fast_path_equals_inner_step():
     torch.manual_seed(0)
     shapes = [(300, 301), (7,), (40_000,)]
-    a = [nn.Parameter(torch.randn(s, dtype=torch.float64)) for s in shapes]
-    b = [nn.Parameter(p.detach().clone()) for p in a]
+    a = zero_grads([nn.Parameter(torch.randn(s, dtype=torch.float64)) for s in shapes])
+    b = zero_grads([nn.Parameter(p.detach().clone()) for p in a])
     opt_a = TopK(torch.optim.SGD(a, lr=0.3), density=0.01)  # fast path
     inner = torch.optim.SGD(b, lr=0.3)
     inner.register_step_pre_hook(lambda *args: None)  # a hook disables the fast path
@@ -589,7 +609,7 @@ def reference_dgc(params0, grads_per_step, k, lr, m):
 def test_momentum_correction_matches_dgc_reference(scope_tensor_none):
     torch.manual_seed(0)
     shapes = [(6, 5), (7,), (4, 3)]
-    params = [nn.Parameter(torch.randn(s, dtype=torch.float64)) for s in shapes]
+    params = zero_grads([nn.Parameter(torch.randn(s, dtype=torch.float64)) for s in shapes])
     start = [p.detach().clone() for p in params]
     opt = TopK(torch.optim.SGD(params, lr=0.1), k=5, momentum_correction=0.9)
     gen = torch.Generator().manual_seed(1)
@@ -676,7 +696,7 @@ def test_parameter_without_gradient_is_left_alone(make):
 
 
 def test_in_place_gradients_without_backward_still_count():
-    p = nn.Parameter(torch.zeros(4))
+    (p,) = zero_grads([nn.Parameter(torch.zeros(4))])
     opt = TopK(torch.optim.SGD([p], lr=1.0), k=1)
     p.grad.copy_(torch.tensor([0.0, 2.0, -3.0, 1.0]))  # written into the view, no backward
     opt.step()
@@ -734,7 +754,7 @@ def test_closure_reaches_an_optimizer_that_needs_it():
 def test_full_density_is_the_inner_optimizer_bit_for_bit():
     torch.manual_seed(0)
     shapes = [(300, 301), (7,), (40_000,)]
-    a = [nn.Parameter(torch.randn(s)) for s in shapes]
+    a = zero_grads([nn.Parameter(torch.randn(s)) for s in shapes])
     b = [nn.Parameter(p.detach().clone()) for p in a]
     opt_a = TopK(torch.optim.SGD(a, lr=0.3), density=1.0)
     opt_b = torch.optim.SGD(b, lr=0.3)

@@ -49,6 +49,24 @@ class Budget:
                 f"k <= {n}, or density= (density=1.0 keeps every coordinate)"
             )
 
+    def check_params(self, params, scope: str, name_of) -> None:
+        """``check_fits`` for ``params`` selected in ``scope``; a complex parameter is
+        refused (``TypeError`` naming it via ``name_of``) unless every coordinate is
+        kept: the top-k of complex gradients by modulus is not implemented."""
+        sizes = [p.numel() for p in params]
+        if not sizes:
+            return
+        n = sum(sizes) if scope == "global" else max(sizes)
+        self.check_fits(n, f"the {n} trainable coordinates ({scope} scope)")
+        keeps_all = all(self.resolve(m) >= m for m in ([n] if scope == "global" else sizes))
+        complex_ = [p for p in params if p.is_complex()]
+        if complex_ and not keeps_all:
+            raise TypeError(
+                f"{name_of(complex_[0])} is {complex_[0].dtype}: top-k selection of complex "
+                "gradients is not supported; keep every coordinate (density=1.0) or train "
+                "the real and imaginary parts as real parameters (torch.view_as_real)"
+            )
+
     def __str__(self) -> str:
         return f"k={self.k}" if self.k is not None else f"density={self.density}"
 

@@ -207,7 +207,12 @@ def test_residual_conservation_is_exact_in_float64():
         if not uses_side(step):
             assert all(grads[p] is None or not grads[p].any() for p in model.side.parameters())
             grads.update({p: None for p in model.side.parameters()})
-        r_old = {p: opt.state[p]["residual"].clone() for p in model.parameters()}
+        # like torch's optimizers, TopK's state appears at the first step
+        assert step > 0 or not opt.state
+        r_old = {
+            p: opt.state[p]["residual"].clone() if step else torch.zeros_like(p)
+            for p in model.parameters()
+        }
         before = {p: p.detach().clone() for p in model.parameters()}
         opt.step()
         kept = 0
@@ -275,7 +280,9 @@ def test_create_graph_backward_leaves_no_graph_on_the_gradients():
     model, opt, ref = pair("adamw")
     for step in range(3):
         opt.zero_grad()
-        assert all(not p.grad.requires_grad for p in model.parameters()), step
+        # None before the first backward (as in torch), then the flat buffer's views
+        assert all(p.grad is None or not p.grad.requires_grad for p in model.parameters())
+        assert step == 0 or all(p.grad is not None for p in model.parameters()), step
         loss_of(model, step).backward(create_graph=True)
         opt.step()
         ref.model.zero_grad()

@@ -258,8 +258,10 @@ class FlatBucket:
 def build_buckets(params: list[torch.Tensor], *, state: tuple[str, ...] = ()) -> list[FlatBucket]:
     """Group ``params`` by (device, dtype) into flat buckets with zeroed ``state``.
 
-    Every ``p.grad`` becomes a view of its bucket's buffer (existing values are kept,
-    a missing grad becomes zeros), as with ``zero_grad(set_to_none=False)``.
+    Every existing ``p.grad`` becomes a view of its bucket's buffer (values kept); a
+    missing one stays None, as in a fresh torch optimizer (``get_optimizer_state_dict``
+    of ``torch.distributed.checkpoint`` initialises the state only then). The first
+    step copies backward's gradients in; from then on backward fills the buffer.
     """
     groups: dict[tuple, list[torch.Tensor]] = {}
     for p in params:
@@ -273,11 +275,11 @@ def build_buckets(params: list[torch.Tensor], *, state: tuple[str, ...] = ()) ->
         grad = torch.zeros(total, device=device, dtype=dtype)
         flat_state = {name: torch.zeros_like(grad) for name in state}
         bucket = FlatBucket(ps, grad, flat_state, offsets)
-        for i, p in enumerate(ps):  # views from the start, so backward fills the buffer
+        for i, p in enumerate(ps):
             if p.grad is not None:
                 g = p.grad.to_dense() if p.grad.layout != torch.strided else p.grad
                 bucket.view(grad, i).copy_(g)
-            bucket.give_(grad, i)
-        bucket.mark_zeroed()
+                bucket.give_(grad, i)
+        bucket.mark_zeroed()  # freed on return where no parameter had a gradient
         buckets.append(bucket)
     return buckets

@@ -18,36 +18,56 @@ def _in_order(optimizer: Optimizer) -> list[torch.Tensor]:
 
 
 def state_dict_with_own(optimizer: Optimizer, own_state: dict, names: tuple[str, ...]) -> dict:
-    """``optimizer.state_dict()`` with ``own_state[p][name]`` (cloned) added."""
+    """``optimizer.state_dict()`` with ``own_state[p][name]`` (cloned) added.
+
+    Where the inner optimizer holds state for some parameters but none for this one
+    (one backward never reached) and its own tensors are all zero, it gets no entry,
+    as in torch: an entry with a residual alone would not load into the bare inner
+    optimizer (Adam needs its ``step``), and an absent entry loads as zeros
+    (``load_own_state``). Otherwise every parameter's tensors are there, zeros
+    included, so that the dict is a complete template for ``dcp.load``.
+    """
     sd = optimizer.state_dict()
     index = {id(p): i for i, p in enumerate(_in_order(optimizer))}
     state = dict(sd["state"])
     for p, st in own_state.items():
-        own = {name: st[name].clone() for name in names if name in st}
-        if own:
-            i = index[id(p)]
-            # a new dict: the inner state_dict shares its per-param dicts with .state
-            state[i] = {**state.get(i, {}), **own}
+        own = {name: st[name] for name in names if name in st}
+        i = index[id(p)]
+        never_reached = (
+            sd["state"] and i not in state and not any(bool(t.any()) for t in own.values())
+        )
+        if not own or never_reached:
+            continue
+        # a new dict: the inner state_dict shares its per-param dicts with .state
+        state[i] = {**state.get(i, {}), **{n: t.clone() for n, t in own.items()}}
     return {**sd, "state": state}
 
 
 def load_own_state(optimizer: Optimizer, own_state: dict, sd: dict, names) -> None:
     """Split ``sd`` into the inner optimizer's part and ours; restore both in place.
 
-    Our tensors are views of flat buffers: they are copied into, never replaced.
+    Keys are matched to parameters as ``torch.optim.Optimizer.load_state_dict`` does:
+    by position in ``sd["param_groups"][g]["params"]`` (integers, or the names that
+    ``torch.distributed.checkpoint.state_dict`` writes). Own tensors the dict lacks
+    become zero: the load replaces the whole state, as torch's does. Our tensors are
+    views of flat buffers: they are copied into, never replaced.
     """
     state = {i: dict(st) for i, st in sd["state"].items()}
     own = {i: {n: st.pop(n) for n in OWN_STATE if n in st} for i, st in state.items()}
     inner = {key: v for key, v in sd.items() if key != "topk"}  # "topk": older checkpoints
     inner["state"] = {i: st for i, st in state.items() if st}
     optimizer.load_state_dict(inner)
-    params = _in_order(optimizer)
-    for i, saved in own.items():
-        p = params[int(i)]
-        for name, value in saved.items():
-            if name not in names:
-                continue
-            if name in own_state[p]:
-                own_state[p][name].copy_(value)
+    saved_keys = [i for group in sd["param_groups"] for i in group["params"]]
+    param_of = dict(zip(saved_keys, _in_order(optimizer)))
+    loaded = {param_of[i]: saved for i, saved in own.items() if i in param_of}
+    for p in {**dict.fromkeys(own_state), **dict.fromkeys(loaded)}:
+        st = own_state[p]
+        for name in names:
+            value = loaded.get(p, {}).get(name)
+            if value is None:
+                if name in st:
+                    st[name].zero_()
+            elif name in st:
+                st[name].copy_(value)
             else:
-                own_state[p][name] = value.to(device=p.device, dtype=p.dtype).clone()
+                st[name] = value.to(device=p.device, dtype=p.dtype).clone()

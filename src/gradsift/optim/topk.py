@@ -67,7 +67,8 @@ class TopK(HasBudget, OptimizerWrapper):
     modified.
 
     Speed: gradients live in one flat buffer per (device, dtype) and each ``p.grad`` is
-    a view into it, so backward accumulates straight into the vector that is searched.
+    a view into it from the first step on, so backward accumulates straight into the
+    vector that is searched.
     ``zero_grad()`` therefore defaults to ``set_to_none=False`` (zeroing the buffer in
     one pass and keeping the views). ``set_to_none=True``, ``model.zero_grad()`` or
     assigning ``p.grad`` all stay correct: foreign gradients are copied back in at the
@@ -82,7 +83,8 @@ class TopK(HasBudget, OptimizerWrapper):
 
     ``state_dict()`` is the inner optimizer's plus the residuals (and velocities), so
     checkpoints resume bit for bit. The inner optimizer's own state is
-    ``opt.optimizer.state``.
+    ``opt.optimizer.state``. ``opt.state`` is empty until the first step or load, as
+    a torch optimizer's is (``get_optimizer_state_dict`` then initialises both).
     """
 
     def __init__(
@@ -113,6 +115,9 @@ class TopK(HasBudget, OptimizerWrapper):
         self._fallbacks_logged: set[str] = set()
         self._fused = None
         self.error_feedback = bool(error_feedback)
+        # _own_state holds residuals (velocities) from the start; ``state`` shows them
+        # from the first step or load on (see the class doc)
+        self._own_state: defaultdict[torch.Tensor, dict] = defaultdict(dict)
         self.state: defaultdict[torch.Tensor, dict] = defaultdict(dict)
         self._build()
 
@@ -137,7 +142,7 @@ class TopK(HasBudget, OptimizerWrapper):
     def _build(self) -> None:
         """Flat buffers for the trainable parameters; existing state is carried over
         (converted when ``model.to(...)`` changed a parameter's dtype or device)."""
-        old = {p: {n: t.clone() for n, t in st.items()} for p, st in self.state.items()}
+        old = {p: {n: t.clone() for n, t in st.items()} for p, st in self._own_state.items()}
         trainable = [p for p in self._params() if p.requires_grad]
         touched = {id(p) for p in trainable if p.grad is not None}
         if getattr(self, "_grads", None) is not None:
@@ -145,19 +150,18 @@ class TopK(HasBudget, OptimizerWrapper):
             # (add_param_group between backward and step): no hook saw those
             known = self._grads.ids
             touched = self._grads.close() | {i for i in touched if i not in known}
-        if trainable:  # k beyond what one selection sees: an error, not a dense step
-            n = (sum if self.scope == "global" else max)(p.numel() for p in trainable)
-            self.budget.check_fits(n, f"the {n} trainable coordinates ({self.scope} scope)")
+        # k beyond what one selection sees: an error, not a dense step; complex refused
+        self.budget.check_params(trainable, self.scope, self._name)
         # FSDP2 (DTensor parameters): no flat buckets, the gradients stay FSDP's
-        self._grads = grad_set(trainable, self._state_names(), touched, self.state)
+        self._grads = grad_set(trainable, self._state_names(), touched, self._own_state)
         self._contiguous = all(p.is_contiguous() for p in trainable)
         self._frozen = [p for p in self._params() if not p.requires_grad]  # see _refresh
         for b in self._grads.buckets:
             for i, p in enumerate(b.params):
                 for name, flat in b.state.items():
-                    self.state[p][name] = b.view(flat, i)
+                    self._own_state[p][name] = b.view(flat, i)
                     if name in old.get(p, {}):
-                        self.state[p][name].copy_(old[p][name])
+                        self._own_state[p][name].copy_(old[p][name])
 
     def add_param_group(self, param_group: dict) -> None:
         self.optimizer.add_param_group(param_group)
@@ -166,7 +170,7 @@ class TopK(HasBudget, OptimizerWrapper):
     def _own(self, p: torch.Tensor, name: str) -> torch.Tensor | None:
         if name not in self._state_names():
             return None
-        st = self.state[p]
+        st = self._own_state[p]
         if name not in st:  # a frozen parameter given a gradient by hand
             st[name] = torch.zeros_like(p)
         return st[name]
@@ -198,6 +202,7 @@ class TopK(HasBudget, OptimizerWrapper):
         """Lay the buffers out again where a parameter changed dtype, device or strides
         (``model.to(...)``), or one that was frozen when they were laid out has a
         gradient now (unfrozen: it joins a bucket, its state carried over)."""
+        self.state = self._own_state
         if self._grads.stale() or any(p.grad is not None and p.requires_grad for p in self._frozen):
             self._build()
 
@@ -281,8 +286,15 @@ class TopK(HasBudget, OptimizerWrapper):
 
     def state_dict(self) -> dict:
         """The inner optimizer's state dict, with ``residual`` (and ``momentum``) added."""
-        return state_dict_with_own(self.optimizer, self.state, self._state_names())
+        return self._with_state_dict_hooks(
+            lambda: state_dict_with_own(self.optimizer, self._own_state, self._state_names())
+        )
 
     def load_state_dict(self, state_dict: dict) -> None:
         """Restore the inner optimizer, residuals and momenta (bit for bit)."""
-        load_own_state(self.optimizer, self.state, state_dict, self._state_names())
+
+        def load(sd: dict) -> None:
+            load_own_state(self.optimizer, self._own_state, sd, self._state_names())
+            self.state = self._own_state
+
+        self._with_load_state_dict_hooks(state_dict, load)

@@ -68,11 +68,13 @@ def _step_row(density: float, repeats: int, gen, shapes) -> dict:
     cases = {}
     for name, source in (("pruned", pruned), ("dense", grads)):
         ps = [torch.nn.Parameter(torch.randn(s, generator=gen)) for s in shapes]
+        for p, g in zip(ps, source):
+            p.grad = g.clone()  # before TopK: it lays them out as views of its buffer
         opt = TopK(torch.optim.SGD(ps, lr=1e-3), density=density)
 
         def refill(ps=ps, source=source):
             for p, g in zip(ps, source):
-                p.grad.copy_(g)
+                p.grad.copy_(g)  # in place: keeps TopK's flat-buffer views
 
         cases[name] = (refill, opt.step)
     t = interleaved_ms(cases, repeats)
