@@ -9,16 +9,26 @@ from gradsift.lab.bench.gpu import bench_select_gpu, bench_step_gpu
 from triton_support import DEVICE
 
 
-@pytest.mark.parametrize("what", ["select", "step"])
+def _exit_code(argv) -> int:
+    """``cli.main``'s exit code, argparse's own (SystemExit) included."""
+    try:
+        return cli.main(argv)
+    except SystemExit as exc:
+        return exc.code
+
+
+@pytest.mark.parametrize("what", ["select", "step", "iteration", "prune-memory"])
 def test_device_cuda_without_cuda_exits_2(what, monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert cli.main(["bench", what, "--device", "cuda"]) == 2
-    assert "needs a CUDA GPU" in capsys.readouterr().err
+    assert _exit_code(["bench", what, "--device", "cuda"]) == 2
+    err = capsys.readouterr().err
+    assert "--device" in err and "CUDA is not available" in err
 
 
 @pytest.mark.parametrize("argv", [["score", "--device", "cuda"], ["select", "--device", "tpu"]])
-def test_device_only_for_select_and_step(argv, capsys):
-    assert cli.main(["bench", *argv]) == 2
+def test_device_only_for_select_and_step(argv, monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a GPU: score refuses it
+    assert _exit_code(["bench", *argv]) == 2
     assert "--device" in capsys.readouterr().err
 
 

@@ -58,8 +58,19 @@ def positive_int(text: str) -> int:
 
 
 def list_of(parse):
+    """Comma-separated values of ``parse``; a bad item is argparse's one-line error
+    saying what was expected (``int`` alone would say 'invalid parse_list value')."""
+    expected = {int: "an integer", float: "a number"}.get(parse)
+
     def parse_list(text: str):
-        return [parse(t) for t in text.split(",") if t.strip()]
+        values = []
+        for item in (t for t in text.split(",") if t.strip()):
+            try:
+                values.append(parse(item))
+            except (ValueError, TypeError) as exc:
+                why = f"expected {expected}" if expected else str(exc)
+                raise argparse.ArgumentTypeError(f"{why}, got {item!r}") from None
+        return values
 
     return parse_list
 

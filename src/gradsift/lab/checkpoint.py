@@ -1,7 +1,8 @@
 """Checkpoint and resume of a training run: model, optimizer (with TopK's residuals),
 LR schedule, DDP hook state, RNG and data-order state, history.
 
-One file, ``DIR/checkpoint.pt``, written atomically by rank 0 after every epoch. Each
+One file, ``DIR/checkpoint.pt``, written atomically by rank 0 after every epoch, with
+the run's key (``RunSpec.key``): a checkpoint of another run is refused. Each
 rank's own state (its hook residuals, its RNG, its loader's shuffle generator) is
 gathered into it, so the file is always one consistent snapshot of every rank, and a
 resumed run continues bit for bit on CPU.
@@ -44,6 +45,7 @@ def save(directory, setup, epoch: int, history: list, seconds: float) -> None:
         return
     payload = {
         "epoch": epoch,
+        "run": setup.run,
         "world": setup.world,
         "model": setup.model.state_dict(),
         "optimizer": setup.optimizer.state_dict(),
@@ -72,10 +74,20 @@ def restore(directory, setup) -> dict | None:
             f"checkpoint {path} was written by {payload['world']} processes, "
             f"this run has {setup.world}"
         )
-    setup.model.load_state_dict(payload["model"])
-    setup.optimizer.load_state_dict(payload["optimizer"])
-    if setup.scheduler is not None:
-        setup.scheduler.load_state_dict(payload["scheduler"])
+    run = payload.get("run")
+    if None not in (run, setup.run) and run != setup.run:
+        raise ValueError(
+            f"checkpoint {path} is of another run ({run}), not of this one ({setup.run}): "
+            "give this run its own --checkpoint directory"
+        )
+    try:
+        setup.model.load_state_dict(payload["model"])
+        setup.optimizer.load_state_dict(payload["optimizer"])
+        if setup.scheduler is not None:
+            setup.scheduler.load_state_dict(payload["scheduler"])
+    except (RuntimeError, KeyError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"checkpoint {path} does not fit this run: {first}") from None
     own = payload["ranks"][setup.rank]
     torch.set_rng_state(own["rng"])
     if own["loader"] is not None:

@@ -241,6 +241,7 @@ def _study_parsers(sub) -> None:
     b.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
     b.add_argument(
         "--device",
+        type=_device,
         default="cpu",
         help="select, step, iteration: 'cuda' times them on a GPU (CUDA events); "
         "prune-memory: 'cuda' measures torch.cuda.max_memory_allocated",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import io
 import os
+import shlex
 from functools import partial
 from pathlib import Path
 
@@ -140,6 +141,8 @@ def train(args: argparse.Namespace) -> int:
     ckpt = args.checkpoint
     if args.fsdp:
         _check_fsdp(args, launch.under_torchrun())
+    if args.comm == "topk-dgc" and args.density is None:  # before any rank starts
+        raise ValueError("--comm topk-dgc needs --density (its warm-up ramps down to it)")
     if launch.under_torchrun():
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         record = launch.run_rank(_spec(args), rank=rank, world=world, checkpoint_dir=ckpt)
@@ -216,7 +219,7 @@ def experiment(args: argparse.Namespace) -> int:
 
     command = f"gradsift experiment {args.study}" + (" --quick" if args.quick else "")
     if args.out != "docs/results":
-        command += f" --out {args.out}"
+        command += f" --out {shlex.quote(str(args.out))}"  # re-runnable in a shell
     if args.jobs != 1:
         command += f" --jobs {args.jobs}"
     run_study(args.study, args.out, quick=args.quick, command=command, jobs=args.jobs)

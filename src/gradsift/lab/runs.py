@@ -69,13 +69,20 @@ class RunSpec:
             f"|sanity={variant}" if variant not in (None, "shuffle-layer") else ""
         )
         return (
-            f"{self.model}|{self.dataset}|{self.method}|{self.sparsity:g}|{self.iterations}|"
+            f"{self.model}|{self.dataset}|{self.method}|{_exact(self.sparsity)}|{self.iterations}|"
             f"{int(variant == 'shuffle-layer')}|{self.seed}|{t.epochs}|{t.density}|{t.k}|"
-            f"{int(t.error_feedback)}|{t.lr:g}|{t.batch_size}"
+            f"{int(t.error_feedback)}|{_exact(t.lr)}|{t.batch_size}"
             + (f"|{t.comm}" if t.comm else "")
             + ("|fsdp" if t.fsdp else "")
             + extra
         )
+
+
+def _exact(x: float) -> str:
+    """``x`` as the keys always wrote it (``:g``) where that is exact, else in full
+    (``repr``): 0.999999 and 0.99999944 are different runs."""
+    short = f"{x:g}"
+    return short if float(short) == x else repr(float(x))
 
 
 @dataclass
@@ -173,6 +180,7 @@ def run_one(
         setup = ddp_setup(model, ds.train, cfg, rank, world)
     elif world == 1:
         setup = single_process_setup(model, ds.train, cfg)
+    setup.run = spec.key()
     result = train_run(setup, cfg, ds.test, checkpoint_dir=checkpoint_dir, progress=progress)
     report = sparsity_report(model)  # a collective on a sharded model
     if rank != 0:
@@ -247,7 +255,11 @@ def load_results(path) -> list[dict]:
         raise ValueError(
             f"{path} must hold a JSON object with a list of 'runs', got {type(data).__name__}"
         )
-    return [upgraded(r) for r in data.get("runs", [])]
+    runs = data.get("runs", [])
+    for i, r in enumerate(runs):
+        if not isinstance(r, dict) or not isinstance(r.get("key"), str):
+            raise ValueError(f"{path}: runs[{i}] is not a run record (an object with a 'key')")
+    return [upgraded(r) for r in runs]
 
 
 def run_sweep(specs: list[RunSpec], path, *, progress: bool = False, on_result=None, jobs: int = 1):

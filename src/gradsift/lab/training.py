@@ -152,6 +152,7 @@ class Setup:
     world: int = 1
     hook_state: object = None
     eval_all_ranks: bool = False  # a sharded model: every rank takes part in evaluation
+    run: str | None = None  # the run's key (RunSpec.key): a checkpoint of another is refused
 
 
 def _warn_if_diverged(history: list) -> None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-from gradsift.lab.runs import RunSpec, run_sweep
-from gradsift.lab.studies.common import accuracy_cell, paper_rounds, training_result
+from gradsift.lab.runs import RunSpec
+from gradsift.lab.studies.common import accuracy_cell, paper_rounds, study_runs, training_result
 from gradsift.lab.tables import Column, render
 from gradsift.lab.training import TrainConfig
 
@@ -34,7 +34,7 @@ def accuracy(out: Path, *, quick: bool = False, jobs: int = 1):
         for seed in seeds
         for shuffle in (False, True)
     ]
-    runs = run_sweep(specs, out / "accuracy_runs.json", jobs=jobs)
+    runs = study_runs(specs, out / "accuracy_runs.json", jobs=jobs)
     plot_accuracy_vs_sparsity(
         runs, out / "accuracy.png", title="LeNet-5 on digits (dashed: layer-wise shuffled masks)"
     )

@@ -7,7 +7,7 @@ import statistics
 
 import torch
 
-from gradsift.lab.runs import diverged
+from gradsift.lab.runs import diverged, run_sweep
 from gradsift.pruning import get_method
 
 __all__ = [
@@ -17,6 +17,7 @@ __all__ = [
     "mean_accuracy",
     "accuracy_cell",
     "paper_rounds",
+    "study_runs",
 ]
 
 
@@ -64,3 +65,11 @@ def paper_rounds(method: str, quick: bool) -> int:
     """The pruning rounds of ``method``'s paper (SynFlow: 100); two in a quick form."""
     paper = get_method(method).paper_iterations
     return min(paper, 2) if quick else paper
+
+
+def study_runs(specs: list, path, *, jobs: int = 1) -> list[dict]:
+    """``run_sweep``, returning only the runs of ``specs``: a study's table and JSON
+    average what it asked for, not every run its results file holds (a ``--quick``
+    study shares the folder of the full one)."""
+    asked = {s.key() for s in specs}
+    return [r for r in run_sweep(specs, path, jobs=jobs) if r["key"] in asked]

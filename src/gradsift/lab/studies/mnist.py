@@ -20,8 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gradsift import list_methods
-from gradsift.lab.runs import RunSpec, run_sweep
-from gradsift.lab.studies.common import accuracy_cell, mean_accuracy, paper_rounds, training_result
+from gradsift.lab.runs import RunSpec
+from gradsift.lab.studies.common import (
+    accuracy_cell,
+    mean_accuracy,
+    paper_rounds,
+    study_runs,
+    training_result,
+)
 from gradsift.lab.tables import Column, render
 from gradsift.lab.training import TrainConfig
 
@@ -179,7 +185,7 @@ def mnist(out: Path, *, quick: bool = False, jobs: int = 1):
     plans = tuple(_quick(p) for p in PLAN) if quick else PLAN
     methods = [m for m in list_methods() if m in QUICK_METHODS] if quick else list_methods()
     seeds = SEEDS[:1] if quick else SEEDS
-    runs = run_sweep(specs(plans, methods, seeds, quick), out / "mnist_runs.json", jobs=jobs)
+    runs = study_runs(specs(plans, methods, seeds, quick), out / "mnist_runs.json", jobs=jobs)
     titles = {p.model: p.title for p in plans}
     plot_accuracy_vs_sparsity(
         [r for r in runs if r["method"] != "unpruned"],

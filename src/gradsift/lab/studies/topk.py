@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-from gradsift.lab.runs import RunSpec, run_sweep
-from gradsift.lab.studies.common import accuracy_cell, mean_accuracy, training_result
+from gradsift.lab.runs import RunSpec
+from gradsift.lab.studies.common import accuracy_cell, mean_accuracy, study_runs, training_result
 from gradsift.lab.tables import Column, render
 from gradsift.lab.training import TrainConfig
 
@@ -25,7 +25,7 @@ def topk(out: Path, *, quick: bool = False, jobs: int = 1):
         for d, ef in configs
         for seed in seeds
     ]
-    runs = run_sweep(specs, out / "topk_runs.json", jobs=jobs)
+    runs = study_runs(specs, out / "topk_runs.json", jobs=jobs)
     cells = defaultdict(list)
     for r in runs:
         cells[(r["grad_density"], r["error_feedback"])].append(r)
