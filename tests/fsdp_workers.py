@@ -69,9 +69,10 @@ def step_matches_single_process(rank, world, kw):
     return report
 
 
-def _train(model, opt, rank, steps, start=0):
+def train_steps(model, opt, rank, steps, start=0, batch_of=None):
+    """``steps`` TopK steps on this rank's batches (``batch_of(rank, step)``)."""
     for step in range(start, start + steps):
-        x, y = batch(rank, step)
+        x, y = (batch_of or batch)(rank, step)
         F.cross_entropy(model(x), y).backward()
         opt.step()
         opt.zero_grad()
@@ -90,7 +91,7 @@ def nonfinite_on_one_rank(rank, world):
     error, and nothing (parameters, residuals, gradients) is modified on any rank."""
     model, _ = sharded_model(world)
     opt = TopK(torch.optim.SGD(model.parameters(), lr=0.1), density=0.1)
-    _train(model, opt, rank, 1)  # residuals exist
+    train_steps(model, opt, rank, 1)  # residuals exist
     x, y = batch(rank, 1)
     F.cross_entropy(model(x), y).backward()
     if rank == 1:
@@ -112,10 +113,10 @@ def checkpoint_save(rank, world, path):
 
     model, _ = sharded_model(world)
     opt = TopK(torch.optim.SGD(model.parameters(), lr=0.1), density=0.1)
-    _train(model, opt, rank, 2)
+    train_steps(model, opt, rank, 2)
     dcp.save({"model": model.state_dict(), "optim": opt.state_dict()}, checkpoint_id=path)
     saved = _snapshot(model, opt)
-    _train(model, opt, rank, 2, start=2)
+    train_steps(model, opt, rank, 2, start=2)
     return saved, _snapshot(model, opt)
 
 
@@ -131,7 +132,7 @@ def checkpoint_load(rank, world, path):
     model.load_state_dict(sd["model"])
     opt.load_state_dict(sd["optim"])
     loaded = _snapshot(model, opt)
-    _train(model, opt, rank, 2, start=2)
+    train_steps(model, opt, rank, 2, start=2)
     return loaded, _snapshot(model, opt)
 
 

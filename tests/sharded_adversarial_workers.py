@@ -14,6 +14,7 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 
 import gradsift
+from fsdp_workers import train_steps
 
 
 def full(t):
@@ -295,11 +296,7 @@ def fsdp_vs_single(rank, world, cfg):
 
 
 def _train(model, opt, rank, steps, start=0):
-    for step in range(start, start + steps):
-        x, y = _batch(rank, step)
-        F.cross_entropy(model(x), y).backward()
-        opt.step()
-        opt.zero_grad()
+    train_steps(model, opt, rank, steps, start, batch_of=_batch)
 
 
 def _snap(model, opt):
