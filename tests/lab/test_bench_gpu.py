@@ -43,3 +43,13 @@ def test_step_rows():
     rows = bench_step_gpu(sizes=(4000,), repeats=1, device=str(DEVICE))
     assert [(r["n"], r["density"], r["k"]) for r in rows] == [(4000, 0.001, 4), (4000, 0.01, 40)]
     assert all(r["fused_sgd_ms"] > 0 and r["triton_ms"] > 0 for r in rows)
+
+
+def test_cpu_0_is_the_cpu_bench(monkeypatch, capsys):
+    """``--device cpu:0`` names the CPU: the CPU bench runs (not the GPU form on CPU
+    tensors, and not a refusal for score)."""
+    import gradsift.lab.commands as commands
+
+    monkeypatch.setattr(commands, "_gpu_bench", lambda args: pytest.fail("GPU bench"))
+    monkeypatch.setattr("gradsift.lab.bench.BENCHES", {"score": (lambda **kw: [], [])})
+    assert _exit_code(["bench", "score", "--device", "cpu:0", "--repeats", "1"]) == 0

@@ -94,7 +94,8 @@ def sanity(text: str) -> str:
 
 
 def device(text: str) -> str:
-    """A device this torch can use: ``cpu``, ``cuda``, ``cuda:1`` ..."""
+    """A device this torch can use: ``cpu`` (also spelled ``cpu:0``), ``cuda``,
+    ``cuda:1`` ..."""
     import torch
 
     try:
@@ -109,7 +110,7 @@ def device(text: str) -> str:
         )
     if device.type not in ("cpu", "cuda"):
         raise argparse.ArgumentTypeError(f"{text!r}: gradsift runs on cpu or cuda devices")
-    return text
+    return "cpu" if device.type == "cpu" else text  # cpu:0 is the CPU, not a GPU bench
 
 
 class Renamed(argparse.Action):
