@@ -281,15 +281,7 @@ def gloo_world_of_one():
     "comm",
     [
         "topk-dgc",
-        pytest.param(
-            "powersgd",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="BUG: PowerSGDRunState saves error/P/Q memories in DDP's rebuilt "
-                "bucket layout; a resumed DDP's first step uses the initial layout, so "
-                "the resumed weights differ",
-            ),
-        ),
+        "powersgd",
     ],
 )
 def test_ddp_hook_state_resumes_bit_for_bit(tmp_path, monkeypatch, gloo_world_of_one, comm):

@@ -5,11 +5,12 @@ import io
 
 import pytest
 import torch
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from gradsift.distributed import TopKHookState, topk_hook
 from gradsift.lab import cli
 from gradsift.lab.comm import COMMS, make_hook
+from gradsift.lab.powersgd import powersgd_hook
 
 
 def test_allreduce_is_ddp_own_and_keeps_momentum():
@@ -19,7 +20,7 @@ def test_allreduce_is_ddp_own_and_keeps_momentum():
 def test_torch_hooks():
     assert make_hook("fp16")[1] is default_hooks.fp16_compress_hook
     state, hook, _ = make_hook("powersgd")
-    assert hook is powerSGD_hook.powerSGD_hook and state.matrix_approximation_rank == 4
+    assert hook is powersgd_hook and state.matrix_approximation_rank == 4
 
 
 def test_topk_keeps_float32_values_and_the_inner_momentum():
@@ -79,3 +80,56 @@ def test_powersgd_state_reports_its_compression_and_round_trips():
         assert mine.keys() == theirs.keys()
         assert all(torch.equal(mine[k], theirs[k]) for k in mine)
     assert (fresh.rng.get_state()[1] == state.rng.get_state()[1]).all()
+
+
+class _Bucket:
+    """What ``PowerSGDRunState.follow`` reads of DDP's GradBucket."""
+
+    def __init__(self, index, params):
+        self._index, self._params = index, params
+
+    def index(self):
+        return self._index
+
+    def parameters(self):
+        return self._params
+
+
+def test_powersgd_memories_follow_a_new_bucket_layout():
+    """DDP lays its buckets out anew after the first iteration (and a resumed run
+    starts in the initial layout): each parameter's error, P and Q pieces must move
+    with it. Rank 4; A and C share a shape (one group in torch's P/Q order), the bias
+    is not compressed."""
+    a, bias, b, c = (
+        torch.nn.Parameter(torch.zeros(s)) for s in [(20, 30), (20,), (30, 40), (20, 30)]
+    )
+    state, _, _ = make_hook("powersgd", params=[a, bias, b, c])
+    # torch's layout for [A, bias, B, C]: e in that order; P/Q by shape group: A, C, B
+    e = {"A": 600, "bias": 20, "B": 1200, "C": 600}
+    p = {"A": 20 * 4, "C": 20 * 4, "B": 30 * 4}
+    q = {"A": 30 * 4, "C": 30 * 4, "B": 40 * 4}
+
+    def pieces(sizes, order, base):
+        return {k: base + 1000 * i + torch.arange(float(sizes[k])) for i, k in enumerate(order)}
+
+    err, ps, qs = (
+        pieces(e, ["A", "bias", "B", "C"], 0),
+        pieces(p, "ACB", 1e5),
+        pieces(q, "ACB", 2e5),
+    )
+    state.error_dict[0] = torch.cat([err[k] for k in ("A", "bias", "B", "C")])
+    state.p_memory_dict[0] = torch.cat([ps[k] for k in "ACB"])
+    state.q_memory_dict[0] = torch.cat([qs[k] for k in "ACB"])
+    saved = {
+        n: getattr(state, n)[0].clone() for n in ("error_dict", "p_memory_dict", "q_memory_dict")
+    }
+    state.follow(_Bucket(0, [a, bias, b, c]))  # the layout the memories were written in
+    assert torch.equal(state.error_dict[0], saved["error_dict"])
+    state.follow(_Bucket(0, [c, b, bias, a]))  # rebuilt in gradient-ready order
+    assert torch.equal(state.error_dict[0], torch.cat([err[k] for k in ("C", "B", "bias", "A")]))
+    assert torch.equal(state.p_memory_dict[0], torch.cat([ps[k] for k in "CAB"]))
+    assert torch.equal(state.q_memory_dict[0], torch.cat([qs[k] for k in "CAB"]))
+    state.follow(_Bucket(0, [a, bias, b, c]))  # and back: exactly what was there
+    for name, t in saved.items():
+        assert torch.equal(getattr(state, name)[0], t), name
+    assert not state.pending

@@ -3,7 +3,8 @@
 
 - ``allreduce``: DDP's own.
 - ``fp16``: torch's ``fp16_compress_hook``.
-- ``powersgd``: torch's PowerSGD (Vogels et al. 2019, arXiv:1905.13727), rank 4.
+- ``powersgd``: torch's PowerSGD (Vogels et al. 2019, arXiv:1905.13727), rank 4, its
+  memories following DDP's bucket layouts (``gradsift.lab.powersgd``).
 - ``topk``: gradsift's top-k hook, error feedback, float32 values.
 - ``topk-dgc``: the Deep Gradient Compression recipe on top: momentum correction
   (the hook keeps the velocity and the inner SGD has none), DGC's four-epoch density
@@ -13,49 +14,14 @@
 from __future__ import annotations
 
 import torch
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from gradsift.distributed import TopKHookState, dgc_warmup, topk_hook
+from gradsift.lab.powersgd import PowerSGDRunState, powersgd_hook
 
-__all__ = ["COMMS", "PowerSGDRunState", "make_hook"]
+__all__ = ["COMMS", "make_hook"]
 
 COMMS = ("allreduce", "fp16", "powersgd", "topk", "topk-dgc")
-
-
-class PowerSGDRunState(powerSGD_hook.PowerSGDState):
-    """torch's PowerSGD state with what a gradsift run asks of every hook state:
-    ``compression_ratio`` and ``state_dict``/``load_state_dict`` for checkpoints.
-
-    The ratio is torch's own count, numel before over numel after compression
-    (both float32, so it is also the bytes ratio); like torch, it leaves out the
-    ``start_powerSGD_iter`` plain-allreduce warm-up steps. The saved state is the
-    iteration, the error feedback, the P/Q warm-start memories and the sketching
-    RNG: enough to resume bit-for-bit, in tensors a ``weights_only`` load accepts.
-    """
-
-    _TENSOR_DICTS = ("error_dict", "p_memory_dict", "q_memory_dict")
-
-    @property
-    def compression_ratio(self) -> float:
-        before, after = self.total_numel_before_compression, self.total_numel_after_compression
-        return before / after if after else 1.0
-
-    def state_dict(self) -> dict:
-        out = {name: {k: v.clone() for k, v in getattr(self, name).items()}
-               for name in self._TENSOR_DICTS}  # fmt: skip
-        kind, keys, pos, has_gauss, gauss = self.rng.get_state()
-        out["rng"] = [kind, torch.from_numpy(keys.copy()), pos, has_gauss, gauss]
-        out["counters"] = [self.iter, self.total_numel_before_compression,
-                           self.total_numel_after_compression]  # fmt: skip
-        return out
-
-    def load_state_dict(self, state: dict) -> None:
-        for name in self._TENSOR_DICTS:
-            setattr(self, name, {k: v.clone() for k, v in state[name].items()})
-        kind, keys, pos, has_gauss, gauss = state["rng"]
-        self.rng.set_state((kind, keys.numpy().copy(), pos, has_gauss, gauss))
-        (self.iter, self.total_numel_before_compression,
-         self.total_numel_after_compression) = state["counters"]  # fmt: skip
 
 
 def make_hook(
@@ -68,15 +34,20 @@ def make_hook(
     iterations_per_epoch: int = 1,
     encoding: str = "auto",
     value_dtype=None,
+    params=None,
 ):
-    """``(state, hook, inner_momentum)`` for ``comm``; hook None means allreduce."""
+    """``(state, hook, inner_momentum)`` for ``comm``; hook None means allreduce.
+    ``params``: the model's parameters, which PowerSGD's memories follow when DDP
+    lays its buckets out anew (``gradsift.lab.powersgd``)."""
     if comm == "allreduce":
         return None, None, momentum
     if comm == "fp16":
         return None, default_hooks.fp16_compress_hook, momentum
     if comm == "powersgd":
-        state = PowerSGDRunState(None, matrix_approximation_rank=4, start_powerSGD_iter=2)
-        return state, powerSGD_hook.powerSGD_hook, momentum
+        state = PowerSGDRunState(
+            None, matrix_approximation_rank=4, start_powerSGD_iter=2, params=params
+        )
+        return state, powersgd_hook, momentum
     if comm == "topk":
         state = TopKHookState(
             density=density,

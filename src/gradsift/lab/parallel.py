@@ -60,6 +60,7 @@ def ddp_setup(model: torch.nn.Module, train_set, cfg: TrainConfig, rank: int, wo
         error_feedback=cfg.error_feedback,
         momentum=cfg.momentum,
         iterations_per_epoch=len(data),
+        params=list(model.parameters()),
     )
     if hook is not None:
         ddp.register_comm_hook(state, hook)
