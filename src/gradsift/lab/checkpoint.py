@@ -86,7 +86,7 @@ def restore(directory, setup) -> dict | None:
         if setup.scheduler is not None:
             setup.scheduler.load_state_dict(payload["scheduler"])
     except (RuntimeError, KeyError, ValueError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise ValueError(f"checkpoint {path} does not fit this run: {first}") from None
     own = payload["ranks"][setup.rank]
     torch.set_rng_state(own["rng"])

@@ -19,9 +19,16 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from gradsift.distributed import TopKHookState, dgc_warmup, topk_hook
 from gradsift.lab.powersgd import PowerSGDRunState, powersgd_hook
 
-__all__ = ["COMMS", "make_hook"]
+__all__ = ["COMMS", "check_density", "make_hook"]
 
 COMMS = ("allreduce", "fp16", "powersgd", "topk", "topk-dgc")
+
+
+def check_density(comm: str | None, density) -> None:
+    """``topk-dgc`` needs a density: its warm-up ramps down to it. One check for
+    ``make_hook`` and for the command line, which calls it before any rank starts."""
+    if comm == "topk-dgc" and density is None:
+        raise ValueError("comm='topk-dgc' needs a density (its warm-up ramps down to it)")
 
 
 def make_hook(
@@ -58,8 +65,7 @@ def make_hook(
         )
         return state, topk_hook, momentum
     if comm == "topk-dgc":
-        if density is None:
-            raise ValueError("comm='topk-dgc' needs a density (its warm-up ramps down to it)")
+        check_density(comm, density)
         state = TopKHookState(
             density=density,
             value_dtype=torch.bfloat16,

@@ -136,13 +136,13 @@ def prune(args: argparse.Namespace) -> int:
 
 def train(args: argparse.Namespace) -> int:
     from gradsift.lab import launch
+    from gradsift.lab.comm import check_density
     from gradsift.lab.runs import run_one
 
     ckpt = args.checkpoint
     if args.fsdp:
         _check_fsdp(args, launch.under_torchrun())
-    if args.comm == "topk-dgc" and args.density is None:  # before any rank starts
-        raise ValueError("--comm topk-dgc needs --density (its warm-up ramps down to it)")
+    check_density(args.comm, args.density)  # before any rank starts
     if launch.under_torchrun():
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         record = launch.run_rank(_spec(args), rank=rank, world=world, checkpoint_dir=ckpt)
