@@ -123,3 +123,26 @@ def test_views_backward_did_not_reach_are_read_in_one_host_sync(monkeypatch):
         opt.step()
         assert len(reads) <= 1, (step, reads)
         assert all(p.grad is None or not p.grad.any() for p in model[1:].parameters())
+
+
+def test_no_gradient_yet_allocates_no_buffer():
+    # a fresh model under TopK: only the state is allocated (a gradient-sized buffer
+    # zeroed and dropped at once had doubled the gradient memory needed to build it)
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Sizes(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if isinstance(out, torch.Tensor):
+                made.append(out.numel())
+            return out
+
+    made = []
+    ps = params(grads=False)
+    with Sizes():
+        [bucket] = build_buckets(ps, state=("residual",))
+    assert made == [21] and bucket.grad is None and bucket.numel == 21
+    (ps[0].sum() + ps[1].sum()).backward()
+    bucket.attach_grads_()  # the first step allocates it
+    assert bucket.owns_grad(0) and torch.equal(bucket.grad[:17], torch.ones(17))
+    assert ps[2].grad is None and not bucket.grad[17:].any()

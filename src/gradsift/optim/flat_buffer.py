@@ -71,17 +71,21 @@ class FlatBucket:
     bucket keeps a weak reference only.
     """
 
-    def __init__(self, params, grad, state, offsets) -> None:
+    def __init__(self, params, grad: torch.Tensor | None, state, offsets) -> None:
+        """``grad``: the zeroed flat buffer, or None where no parameter has a gradient
+        yet (the first step allocates it); ``state`` buffers have its layout."""
         self.params: list[torch.Tensor] = params
         self.state: dict[str, torch.Tensor] = state
         self.offsets: list[int] = offsets
         self.data_ptrs = [p.data_ptr() for p in params]  # see ``matches``
-        self.numel, self.dtype, self.device = grad.numel(), grad.dtype, grad.device
+        last = params[-1]
+        self.numel = offsets[-1] + last.numel()
+        self.dtype, self.device = last.dtype, last.device
         self.zero_version = -1  # ``grad._version`` when last zeroed (nothing written since)
-        self.generation = 0  # how many buffers were allocated after the first
+        self.generation = 0  # buffers allocated by ``hold_`` (a new one is told from a freed one)
         self.assigned: set[int] = set()  # gradients copied in since the buffer was zeroed
         self._held: torch.Tensor | None = None
-        self._ref = weakref.ref(grad)
+        self._ref = None if grad is None else weakref.ref(grad)
         self._views: list | None = None
         self._given: list = [None] * len(params)  # weak refs to the views given as grads
 
@@ -272,14 +276,17 @@ def build_buckets(params: list[torch.Tensor], *, state: tuple[str, ...] = ()) ->
         for p in ps:
             offsets.append(total)
             total += p.numel()
+        flat_state = {name: torch.zeros(total, device=device, dtype=dtype) for name in state}
+        if all(p.grad is None for p in ps):  # no buffer until the first step
+            buckets.append(FlatBucket(ps, None, flat_state, offsets))
+            continue
         grad = torch.zeros(total, device=device, dtype=dtype)
-        flat_state = {name: torch.zeros_like(grad) for name in state}
         bucket = FlatBucket(ps, grad, flat_state, offsets)
         for i, p in enumerate(ps):
             if p.grad is not None:
                 g = p.grad.to_dense() if p.grad.layout != torch.strided else p.grad
                 bucket.view(grad, i).copy_(g)
                 bucket.give_(grad, i)
-        bucket.mark_zeroed()  # freed on return where no parameter had a gradient
+        bucket.mark_zeroed()
         buckets.append(bucket)
     return buckets
