@@ -27,13 +27,13 @@ anchor, which computes and installs in one call, it is the whole peak).
 from __future__ import annotations
 
 import math
-import multiprocessing
 import statistics
 import time
 
 import torch
 from torch.nn.utils import prune
 
+from gradsift.lab.bench.fresh_process import in_fresh_process
 from gradsift.lab.bench.memory import peak_and_current_rss, peak_rss, reset_peak_rss
 from gradsift.lab.bench.prune_networks import NETWORKS, build
 from gradsift.lab.tables import columns
@@ -158,13 +158,11 @@ def bench_prune_memory(
         raise ValueError(f"network must be one of {sorted(NETWORKS)}, got {network!r}")
     cases = cases or (CASES if network == "mlp" else TRANSFORMER_CASES)
     width, depth = width or NETWORKS[network][0], depth or NETWORKS[network][1]
-    ctx = multiprocessing.get_context("spawn")
     runs: dict[str, list[dict]] = {c: [] for c in cases}
     for _ in range(repeats):
         for case in cases:
-            with ctx.Pool(1) as pool:
-                args = (case, width, depth, sparsity, device, network)
-                runs[case].append(pool.apply(measure, args))
+            args = (case, width, depth, sparsity, device, network)
+            runs[case].append(in_fresh_process(measure, *args))
     return [_row(case, runs, network) for case in cases]
 
 

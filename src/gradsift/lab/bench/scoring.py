@@ -4,7 +4,6 @@ once in a fresh spawned process, as the growth of the kernel's peak-RSS mark).""
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import statistics
 import warnings
 
@@ -12,6 +11,7 @@ import torch
 
 from gradsift import score
 from gradsift.lab.baselines import reference_grasp
+from gradsift.lab.bench.fresh_process import in_fresh_process
 from gradsift.lab.bench.memory import peak_rss, reset_peak_rss
 from gradsift.lab.bench.timing import interleaved_ms, ratio
 from gradsift.lab.models import build_model
@@ -62,26 +62,20 @@ def _call(which: str, model, x, y, chunk_size: int | None, keep_graphs: bool):
     return lambda: reference_grasp(model, x, y)
 
 
-def _peak_job(config, model_name, samples_per_class, input_shape, queue) -> None:
-    """One GraSP scoring in a fresh process: its peak RSS growth in bytes."""
+def _peak_job(config, model_name, samples_per_class, input_shape) -> int:
+    """One GraSP scoring (run in a fresh process): its peak RSS growth in bytes."""
     which, chunk, keep = config
     run = _call(which, *_inputs(model_name, samples_per_class, input_shape), chunk, keep)
     before = reset_peak_rss()
     run()
-    queue.put(peak_rss() - before)
+    return peak_rss() - before
 
 
 def _peaks(configs, model, samples_per_class, input_shape) -> dict:
-    ctx = mp.get_context("spawn")
-    peaks = {}
-    for config in configs:
-        queue = ctx.Queue()
-        args = (config, model, samples_per_class, input_shape, queue)
-        proc = ctx.Process(target=_peak_job, args=args)
-        proc.start()
-        peaks[config] = queue.get(timeout=600)
-        proc.join()
-    return peaks
+    return {
+        config: in_fresh_process(_peak_job, config, model, samples_per_class, input_shape)
+        for config in configs
+    }
 
 
 def bench_score(
