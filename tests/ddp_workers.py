@@ -375,9 +375,7 @@ def another_ranks_state(rank, world, port, queue, case):
         _train_steps(ddp, opt, rank, range(3, 5))
         queue.put((rank, "no error", time.monotonic() - start, names))
     except Exception as exc:  # noqa: BLE001 - the message is what is checked
-        queue.put(
-            (rank, f"{type(exc).__name__}: {exc}"[:600], time.monotonic() - start, names)
-        )
+        queue.put((rank, f"{type(exc).__name__}: {exc}"[:600], time.monotonic() - start, names))
     dist.destroy_process_group()
 
 

@@ -21,6 +21,7 @@ import pytest
 import torch
 from torch import nn
 
+from checkpoint_support import saved, stopped_after_save, untimed
 from gradsift import TopK
 from gradsift.lab import checkpoint, cli, runs
 from gradsift.lab.atomic import atomic_write_json, read_json
@@ -47,10 +48,6 @@ def temporaries(folder: Path) -> list[str]:
     return [p.name for p in Path(folder).rglob("*") if p.name.endswith(".tmp")]
 
 
-def untimed(history):
-    return [{k: v for k, v in h.items() if k != "train_seconds"} for h in history]
-
-
 def assert_same_tree(a, b, where="state"):
     """Nested dicts/lists/tensors equal bit for bit (tensors with ``torch.equal``)."""
     if isinstance(a, torch.Tensor):
@@ -66,10 +63,6 @@ def assert_same_tree(a, b, where="state"):
             assert_same_tree(x, y, f"{where}[{i}]")
     else:
         assert a == b, (where, a, b)
-
-
-def saved(directory) -> dict:
-    return torch.load(Path(directory) / checkpoint.FILENAME, weights_only=True)
 
 
 DS = digits()
@@ -299,17 +292,9 @@ def test_ddp_hook_state_resumes_bit_for_bit(tmp_path, monkeypatch, gloo_world_of
 
     full_setup = setup()
     full = train_run(full_setup, cfg, DS.test, checkpoint_dir=tmp_path / "full")
-    real = checkpoint.save
-
-    def save_then_stop(directory, s, epoch, history, seconds):
-        real(directory, s, epoch, history, seconds)
-        if epoch == 1:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(checkpoint, "save", save_then_stop)
-    with pytest.raises(KeyboardInterrupt):
-        train_run(setup(), cfg, DS.test, checkpoint_dir=tmp_path / "cut")
-    monkeypatch.setattr(checkpoint, "save", real)
+    stopped_after_save(
+        monkeypatch, lambda: train_run(setup(), cfg, DS.test, checkpoint_dir=tmp_path / "cut")
+    )
     resumed_setup = setup()
     resumed = train_run(resumed_setup, cfg, DS.test, checkpoint_dir=tmp_path / "cut")
     a, b = saved(tmp_path / "full"), saved(tmp_path / "cut")
@@ -353,9 +338,7 @@ def test_a_checkpoint_of_another_configuration_is_not_resumed_silently(tmp_path,
     code, err = run_cli([*base, "--checkpoint", str(ck), "--out", str(tmp_path)], capsys)
     if code == 0:  # accepted: then it must at least be the dense run's own result
         record = json.loads((tmp_path / "result.json").read_text())
-        dense = runs.run_one(
-            RunSpec(model="mlp", train=TrainConfig(epochs=1, batch_size=256))
-        )
+        dense = runs.run_one(RunSpec(model="mlp", train=TrainConfig(epochs=1, batch_size=256)))
         assert record["grad_density"] == 1.0
         assert record["test_accuracy"] == dense["test_accuracy"] != sparse_acc
     else:
