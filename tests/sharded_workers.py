@@ -1,89 +1,10 @@
 """Worker functions for the multi-rank sharded tests (spawned: must be importable)."""
 
-import traceback
-
 import torch
 import torch.distributed as dist
 
-from ddp_workers import init
 from gradsift.select import topk_indices
 from gradsift.select.sharded import sharded_topk_indices
-
-
-def run_world(target, world, *extra, deadline_s=120):
-    """Run ``target(rank, world, *extra)`` on ``world`` gloo ranks; results by rank.
-
-    Each rank puts ``(rank, result)`` (or ``(rank, "error: ...")``) on a queue; the
-    processes are killed once the results are in or the deadline passes. A rank that
-    dies by a signal without a result (torch's gloo aborted a rank now and then on this
-    machine: "malloc(): unaligned tcache chunk detected", once in about 25 runs of one
-    test, not reproduced in isolation) gets the world run once more; a second death, an
-    error or a timeout fails the test."""
-    results = _run_world_once(target, world, extra, deadline_s)
-    if "died" in results:
-        results = _run_world_once(target, world, extra, deadline_s)
-    return results
-
-
-def _run_world_once(target, world, extra, deadline_s):
-    import multiprocessing as mp
-    import queue as queue_module
-    import time
-
-    from gradsift.lab.launch import free_port
-
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    port = free_port()
-    procs = [
-        ctx.Process(target=_wrapped, args=(target, r, world, port, q, extra)) for r in range(world)
-    ]
-    for p in procs:
-        p.start()
-    results, deadline = {}, time.monotonic() + deadline_s
-    try:
-        while len(results) < world:
-            try:
-                rank, value = q.get(timeout=1.0)
-                results[rank] = value
-                continue
-            except queue_module.Empty:
-                pass
-            dead = [r for r, p in enumerate(procs) if r not in results and p.exitcode]
-            if dead:
-                r = dead[0]
-                results["died"] = f"rank {r} died without a result (exit code {procs[r].exitcode})"
-                break
-            if time.monotonic() > deadline:
-                missing = world - len(results)
-                results["timeout"] = f"no result within {deadline_s}s from {missing} ranks"
-                break
-    finally:
-        for p in procs:
-            p.join(timeout=5)
-            if p.is_alive():
-                p.kill()
-    return results
-
-
-def rank_results(results, world):
-    """``run_world``'s results in rank order, failing on a timeout or a rank's error."""
-    assert "timeout" not in results and "died" not in results, results
-    out = [results[r] for r in range(world)]
-    for r in out:
-        assert not (isinstance(r, str) and r.startswith("error")), r
-    return out
-
-
-def _wrapped(target, rank, world, port, q, extra):
-    try:
-        init(rank, world, port)
-        q.put((rank, target(rank, world, *extra)))
-    except Exception as e:  # reported to the test, which fails on it
-        q.put((rank, f"error: {type(e).__name__}: {e}\n{traceback.format_exc()}"))
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
 
 
 def split(x, sizes):

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 import hook_adversarial_workers as W  # noqa: N812
 from gradsift.distributed import TopKHookState, compress_
 from gradsift.distributed import encoding as wire
-from sharded_workers import rank_results, run_world
+from worlds import rank_results, run_world
 
 F16MAX = torch.finfo(torch.float16).max
 

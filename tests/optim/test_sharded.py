@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import fsdp_workers as workers
-from sharded_workers import rank_results, run_world
+from worlds import rank_results, run_world
 
 
 @pytest.mark.parametrize(

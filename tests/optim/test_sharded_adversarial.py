@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import sharded_adversarial_workers as workers
-from sharded_workers import rank_results, run_world
+from worlds import rank_results, run_world
 
 F32, F64 = torch.float32, torch.float64
 # uneven on 3 ranks: 5 rows (2, 2, 1), 2 rows (rank 2 empty), 1 row (ranks 1, 2

@@ -7,32 +7,24 @@ import torch
 
 import sharded_workers as workers
 from gradsift.select.sharded import order_keys, selection_bytes
-
-
-def _ok(results, world):
-    assert "timeout" not in results and "died" not in results, results
-    for rank in range(world):
-        assert not (isinstance(results[rank], str) and results[rank].startswith("error")), results[
-            rank
-        ]
-    return [results[r] for r in range(world)]
+from worlds import rank_results, run_world
 
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_union_over_ranks_equals_single_process_topk(world):
-    for per_rank in _ok(workers.run_world(workers.select_cases, world), world):
+    for per_rank in rank_results(run_world(workers.select_cases, world), world):
         for case, (union, ref) in enumerate(per_rank):
             assert union == ref, f"case {case}"
 
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_nan_on_one_rank_raises_on_every_rank(world):
-    for message in _ok(workers.run_world(workers.nan_case, world), world):
+    for message in rank_results(run_world(workers.nan_case, world), world):
         assert message.startswith("ValueError") and "NaN" in message, message
 
 
 def test_interleaved_segments_keep_lowest_global_ties():
-    for per_rank in _ok(workers.run_world(workers.segments_case, 2), 2):
+    for per_rank in rank_results(run_world(workers.segments_case, 2), 2):
         for union, ref in per_rank:
             assert union == ref
 
