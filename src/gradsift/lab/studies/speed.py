@@ -1,5 +1,5 @@
 """Every benchmark of ``gradsift bench`` in one study; ``--quick`` runs every one
-of them on tiny sizes with one repeat."""
+of them on tiny sizes with one repeat (the DDP bench with two of its hooks)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,12 @@ _QUICK = {
     "select": {"sizes": (200_000,), "repeats": 1},
     "step": {"shapes": [(300, 301), (5,), (40_000,)], "repeats": 1},
     "score": {"model": "lenet5", "samples_per_class": 2, "input_shape": (3, 8, 8), "repeats": 1},
-    "ddp": {"model": "mlp", "steps": 5, "batch": 4},
+    "ddp": {
+        "model": "mlp",
+        "steps": 5,
+        "batch": 4,
+        "variants": ("allreduce", "top-k 0.001 compact"),
+    },
     "ties": {"n": 200_000, "repeats": 1, "shapes": [(300, 301), (5,), (40_000,)]},
     "methods": {
         "input_shape": (3, 8, 8),
