@@ -415,3 +415,10 @@ def lightning_fit(rank, world, port, queue):
     trainer.fit(Module(), torch.utils.data.DataLoader(data, batch_size=16))
     queue.put((rank, state.iter, state.compression_ratio, dist.get_world_size()))
     dist.destroy_process_group()
+
+
+def bench_variants(rank, world, names):
+    """``gradsift bench ddp``'s row of each variant in ``names`` (a 5-step MLP)."""
+    from gradsift.lab.bench.ddp_step import _run_variant
+
+    return [_run_variant(name, "mlp", 5, 4, rank, world) for name in names]

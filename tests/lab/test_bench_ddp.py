@@ -3,8 +3,18 @@ does not take the other variants' rows with it."""
 
 import pytest
 
-from ddp_workers import ABORTS, abort_after_variant, abort_in_variant
-from gradsift.lab.bench.ddp_step import _two_ranks, bench_ddp
+from ddp_workers import ABORTS, abort_after_variant, abort_in_variant, bench_variants
+from gradsift.lab.bench.ddp_step import VARIANTS, _two_ranks, bench_ddp
+from worlds import rank_results, run_world
+
+
+def test_every_variant_measures_its_row_on_two_ranks():
+    names = list(VARIANTS)
+    for rows in rank_results(run_world(bench_variants, 2, names), 2):
+        assert [r["hook"] for r in rows] == names
+        for r in rows:
+            assert r["step_ms"] > 0 and r["bytes_per_step"] > 0, r
+            assert ("bytes_per_coordinate" in r) == r["hook"].startswith("top-k"), r
 
 
 def test_an_unknown_model_is_one_clear_error_before_any_rank_starts():

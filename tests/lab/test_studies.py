@@ -8,7 +8,7 @@ import torch
 
 import gradsift
 from gradsift.lab import cli
-from gradsift.lab.bench.ddp_step import VARIANTS
+from gradsift.lab.studies.speed import _QUICK
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -68,7 +68,7 @@ def test_quick_study(study, tmp_path, capsys):
         assert data["select"] and data["step"] and data["score"] and data["ddp"]
         assert {r["method"] for r in data["score"]} == {"reference", "ours"}
         hooks = [r["hook"] for r in data["ddp"]]
-        assert hooks == [*VARIANTS, "one process, no communication"]
+        assert hooks == [*_QUICK["ddp"]["variants"], "one process, no communication"]
         assert all("step_ms" in r for r in data["ddp"]), [r for r in data["ddp"] if "error" in r]
         assert all(r["step_ms"] > 0 for r in data["ddp"])
         assert all(r["topk_ef_ms"] > 0 for r in data["step"])
