@@ -43,9 +43,8 @@ def same_on_all_ranks(t):
     return all(torch.equal(gathered[0], g) for g in gathered)
 
 
-def equivalence(rank, world, port, queue):
+def equivalence(rank, world):
     """Gradients with the hook at density 1.0 vs plain allreduce, over several steps."""
-    init(rank, world, port)
     diffs = []
     for dense_if_larger in (True, False):
         ref = DDP(small_model())
@@ -63,17 +62,15 @@ def equivalence(rank, world, port, queue):
                 for a, b in zip(ref.parameters(), hooked.parameters())
             )
             diffs.append(diff)
-    queue.put((rank, diffs))
-    dist.destroy_process_group()
+    return rank, diffs
 
 
-def low_density(rank, world, port, queue):
+def low_density(rank, world):
     """Sparse steps keep ranks identical; digits training still learns."""
     from gradsift.lab.data import digits
     from gradsift.lab.models import build_model
     from gradsift.lab.training import evaluate
 
-    init(rank, world, port)
     ds = digits()
     torch.manual_seed(0)
     model = build_model("mlp", input_shape=ds.input_shape, num_classes=10)
@@ -92,8 +89,7 @@ def low_density(rank, world, port, queue):
         if step % 25 == 0 or step == 299:
             identical &= same_on_all_ranks(flat_params(model))
     acc = evaluate(model, ds.test)["accuracy"]
-    queue.put((rank, identical, acc, state.compression_ratio, len(state.residuals)))
-    dist.destroy_process_group()
+    return rank, identical, acc, state.compression_ratio, len(state.residuals)
 
 
 def _train_steps(ddp, opt, rank, steps):
@@ -104,9 +100,8 @@ def _train_steps(ddp, opt, rank, steps):
         opt.step()
 
 
-def resume(rank, world, port, queue):
+def resume(rank, world):
     """Save model + optimizer + hook state mid-run; a fresh run continues bit for bit."""
-    init(rank, world, port)
 
     def fresh():
         model = small_model()
@@ -129,8 +124,7 @@ def resume(rank, world, port, queue):
     opt.load_state_dict(ckpt["opt"])
     state.load_state_dict(ckpt["hook"])
     _train_steps(ddp, opt, rank, range(4, 8))
-    queue.put((rank, torch.equal(full, flat_params(model)), residual_norm))
-    dist.destroy_process_group()
+    return rank, torch.equal(full, flat_params(model)), residual_norm
 
 
 def dies(rank, world, port, queue):
@@ -170,9 +164,8 @@ def _steps(ddp, opt, rank, steps, seen=None):
         opt.step()
 
 
-def resume_buckets(rank, world, port, queue, cap_mb):
+def resume_buckets(rank, world, cap_mb):
     """Resume mid-run with a fresh DDP whose buckets are laid out afresh."""
-    init(rank, world, port)
 
     def fresh():
         model = bucketed_model()
@@ -199,13 +192,11 @@ def resume_buckets(rank, world, port, queue, cap_mb):
     opt.load_state_dict(ckpt["opt"])
     state.load_state_dict(ckpt["hook"])
     _steps(ddp, opt, rank, range(4, 8))
-    queue.put((rank, torch.equal(full, flat_params(model)), per_step, buckets[: len(buckets) // 4]))
-    dist.destroy_process_group()
+    return rank, torch.equal(full, flat_params(model)), per_step, buckets[: len(buckets) // 4]
 
 
-def scaler_skip(rank, world, port, queue):
+def scaler_skip(rank, world):
     """An inf on one rank under GradScaler: the step is skipped on both, state kept."""
-    init(rank, world, port)
     model = small_model()
     ddp = DDP(model)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
@@ -230,13 +221,11 @@ def scaler_skip(rank, world, port, queue):
             results["scale"] = scaler.get_scale()
     results["identical"] = same_on_all_ranks(flat_params(model))
     results["moved_after"] = not torch.equal(after[0], flat_params(model))
-    queue.put((rank, results))
-    dist.destroy_process_group()
+    return rank, results
 
 
-def dgc_two_ranks(rank, world, port, queue):
+def dgc_two_ranks(rank, world):
     """The hook with momentum correction vs a float64 transcription of DGC (Alg. 1)."""
-    init(rank, world, port)
     lr, m, k, steps = 0.1, 0.9, 40, 5
     model = small_model().double()
     ref = [p.detach().clone() for p in small_model().double().parameters()]
@@ -272,8 +261,7 @@ def dgc_two_ranks(rank, world, port, queue):
         flat = torch.cat([p.reshape(-1) for p in ref]) - lr * update / world
         ref = [t.view_as(p) for t, p in zip(torch.split(flat, [p.numel() for p in ref]), ref)]
     diff = float((flat_params(model) - torch.cat([p.reshape(-1) for p in ref])).abs().max())
-    queue.put((rank, diff))
-    dist.destroy_process_group()
+    return rank, diff
 
 
 def mismatched_state(rank, world, port, queue):

@@ -1,7 +1,8 @@
 """The top-k DDP communication hook: unit tests, and 2 gloo processes over loopback.
 
-Every multi-process test runs under a hard deadline and kills its processes when it
-passes, so a failure can never hang CI.
+Every multi-process test runs under a hard deadline, so a failure can never hang CI:
+most on the kept 2-rank world of ``worlds``; those whose ranks die, raise or set
+their own timeouts on purpose in processes of their own (``run_two``), killed after.
 """
 
 import multiprocessing as mp
@@ -12,6 +13,7 @@ import torch
 
 import ddp_workers as dist_workers
 from gradsift.lab.launch import free_port
+from worlds import rank_results, run_world
 
 DEADLINE_S = 120
 
@@ -38,12 +40,12 @@ def run_two(target, *extra, expect=2):
 
 
 def test_density_one_reproduces_allreduce():
-    for rank, diffs in run_two(dist_workers.equivalence):
+    for rank, diffs in rank_results(run_world(dist_workers.equivalence, 2), 2):
         assert max(diffs) <= 1e-6, (rank, diffs)
 
 
 def test_low_density_keeps_ranks_identical_and_learns():
-    results = run_two(dist_workers.low_density)
+    results = rank_results(run_world(dist_workers.low_density, 2), 2)
     for rank, identical, acc, _ratio, nres in results:
         assert identical, f"rank {rank} diverged"
         assert acc > 0.8, acc
@@ -53,7 +55,7 @@ def test_low_density_keeps_ranks_identical_and_learns():
 
 
 def test_resume_from_checkpoint_is_bit_for_bit():
-    for rank, equal, residual_norm in run_two(dist_workers.resume):
+    for rank, equal, residual_norm in rank_results(run_world(dist_workers.resume, 2), 2):
         assert residual_norm > 0, "the checkpoint must carry non-trivial residuals"
         assert equal, f"rank {rank}: resumed run differs"
 
@@ -69,19 +71,21 @@ def test_dead_rank_fails_the_other_with_an_error():
 
 @pytest.mark.parametrize("cap_mb, buckets", [(25.0, 1), (0.012, 2), (0.006, 4)])
 def test_resume_is_bit_for_bit_with_any_bucket_count(cap_mb, buckets):
-    for rank, equal, per_step, _ in run_two(dist_workers.resume_buckets, cap_mb):
+    for rank, equal, per_step, _ in rank_results(
+        run_world(dist_workers.resume_buckets, 2, cap_mb), 2
+    ):
         assert per_step == buckets, f"the model should fill {buckets} buckets, got {per_step}"
         assert equal, f"rank {rank}: resumed run differs with {buckets} buckets"
 
 
 def test_grad_scaler_skips_an_inf_step_on_every_rank():
-    for rank, r in run_two(dist_workers.scaler_skip):
+    for rank, r in rank_results(run_world(dist_workers.scaler_skip, 2), 2):
         assert r["skipped"] and r["residual_kept"], (rank, r)
         assert r["scale"] == 2.0**9 and r["identical"] and r["moved_after"], (rank, r)
 
 
 def test_momentum_correction_matches_dgc_on_two_ranks():
-    for rank, diff in run_two(dist_workers.dgc_two_ranks):
+    for rank, diff in rank_results(run_world(dist_workers.dgc_two_ranks, 2), 2):
         assert diff < 1e-12, (rank, diff)
 
 
