@@ -1,5 +1,7 @@
 """``keep_where``/``keep_where_`` against ``torch.where``: bit for bit, with gradients."""
 
+from unittest import mock
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -32,13 +34,34 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> None:
     assert torch.equal(a.view(INTS[a.dtype]), b.view(INTS[b.dtype]))
 
 
-@pytest.fixture
-def bitwise_calls(monkeypatch):
-    """Counts the integer route's calls, so that each test proves it ran."""
+def _count_bitwise(monkeypatch) -> list:
     calls = []
     real = kw._bitwise
     monkeypatch.setattr(kw, "_bitwise", lambda *a: calls.append(a[0].numel()) or real(*a))
     return calls
+
+
+@pytest.fixture
+def bitwise_calls(monkeypatch):
+    """Counts the integer route's calls, so that each test proves it ran; it takes
+    tensors of any size here (``MIN_NUMEL`` 0)."""
+    monkeypatch.setattr(kw, "MIN_NUMEL", 0)
+    return _count_bitwise(monkeypatch)
+
+
+def test_tensors_below_one_chunk_take_torch_where(monkeypatch):
+    # the route's fixed cost exceeds torch's loop there: LeNet-5's pruned training
+    # step spent a third of its time in it
+    calls = _count_bitwise(monkeypatch)
+    for n in (1000, kw.MIN_NUMEL - 1):
+        x = torch.randn(n, requires_grad=True)
+        keep = torch.rand(n) > 0.5
+        keep_where(x, keep).backward(torch.randn(n))
+        keep_where_(x.detach().clone(), keep)
+    assert calls == []
+    x = torch.randn(kw.MIN_NUMEL, requires_grad=True)
+    keep_where(x, torch.rand(kw.MIN_NUMEL) > 0.5).backward(torch.randn(kw.MIN_NUMEL))
+    assert calls == [kw.MIN_NUMEL] * 2
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -67,7 +90,8 @@ def test_matches_torch_where_property(n, dtype, density, value, seed):
     x = specials(n, dtype, seed)
     keep = torch.rand(n, generator=torch.Generator().manual_seed(seed)) < density
     want = torch.where(keep, x, torch.tensor(value, dtype=dtype))
-    same_bits(keep_where_(x.clone(), keep, value), want)
+    with mock.patch.object(kw, "MIN_NUMEL", 0):  # the integer route at every size
+        same_bits(keep_where_(x.clone(), keep, value), want)
 
 
 def test_boolean_target_and_other_layouts_fall_back_to_torch(bitwise_calls):

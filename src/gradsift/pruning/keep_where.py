@@ -12,10 +12,13 @@ which keeps every kept value exactly (NaN payloads, ``-0.0`` and infinities incl
 and writes ``value`` (``+0.0`` by default) elsewhere. ``M`` is built a chunk at a time
 in a small buffer that stays in cache (4-10x faster than ``torch.where``).
 
-Elsewhere (CUDA, where ``torch.where`` is a vectorised kernel; non-contiguous, non-float
-or broadcast operands; ``torch.compile`` and ``torch.func`` transforms) ``torch.where``
-runs. ``keep_where`` is differentiable (``∂result/∂x = keep``); its backward takes the
-same fast path, and ``torch.where`` where a graph of the backward is being built
+Below one chunk (``MIN_NUMEL``, 2^18 values) the route's fixed cost, a few tenths of
+a millisecond with autograd, exceeds torch's scalar loop (a LeNet-5's weights spent a
+third of a pruned training step in it). There, and elsewhere (CUDA, where
+``torch.where`` is a vectorised kernel; non-contiguous, non-float or broadcast
+operands; ``torch.compile`` and ``torch.func`` transforms) ``torch.where`` runs.
+``keep_where`` is differentiable (``∂result/∂x = keep``); its backward takes the same
+fast path, and ``torch.where`` where a graph of the backward is being built
 (``create_graph=True``: GraSP's Hessian-gradient product), so higher derivatives stay
 exact.
 """
@@ -27,6 +30,7 @@ import torch
 __all__ = ["keep_where", "keep_where_"]
 
 CHUNK = 1 << 18  # elements per chunk of the integer mask (1-2 MiB)
+MIN_NUMEL = CHUNK  # smaller tensors take torch.where (see the module docstring)
 _BITS = {
     torch.float64: torch.int64,
     torch.float32: torch.int32,
@@ -56,6 +60,7 @@ def _fast(x: torch.Tensor, keep: torch.Tensor) -> bool:
     """Whether the integer route applies (see the module docstring)."""
     return (
         x.device.type == "cpu"
+        and x.numel() >= MIN_NUMEL
         and x.dtype in _BITS
         and keep.dtype == torch.bool
         and keep.shape == x.shape
