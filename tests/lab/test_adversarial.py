@@ -26,7 +26,8 @@ from gradsift import TopK
 from gradsift.lab import checkpoint, cli, runs
 from gradsift.lab.atomic import atomic_write_json, read_json
 from gradsift.lab.data import digits, loader
-from gradsift.lab.runs import RunRecord, RunSpec
+from gradsift.lab.records import RunRecord, load_results
+from gradsift.lab.runs import RunSpec
 from gradsift.lab.training import Setup, TrainConfig, make_scheduler, train_run
 
 # --------------------------------------------------------------------------- helpers
@@ -70,20 +71,9 @@ DS = digits()
 
 def fake_record(spec: RunSpec, accuracy: float = 0.5) -> dict:
     """A record of today's form for ``spec`` without training (for sweep logic)."""
-    t = spec.train
-    return RunRecord(
-        key=spec.key(),
-        model=spec.model,
-        dataset=spec.dataset,
-        method=spec.method or "unpruned",
-        sparsity=spec.sparsity,
-        iterations=spec.iterations,
-        shuffle=spec.variant == "shuffle-layer",
-        seed=spec.seed,
+    return RunRecord.of(
+        spec,
         world_size=1,
-        grad_density=t.density if t.density is not None else 1.0,
-        error_feedback=t.error_feedback,
-        epochs=t.epochs,
         kept=10,
         total=100,
         collapsed=[],
@@ -92,8 +82,6 @@ def fake_record(spec: RunSpec, accuracy: float = 0.5) -> dict:
         history=[{"epoch": 1, "train_loss": 0.5, "accuracy": accuracy, "loss": 0.5}],
         prune_seconds=0.0,
         seconds=0.0,
-        allocation=spec.allocation,
-        sanity=spec.variant,
     ).to_dict()
 
 
@@ -537,7 +525,7 @@ def test_rerun_of_a_finished_sweep_redoes_nothing_and_reorders_nothing(tmp_path,
     extra = RunSpec(model="mlp", method="magnitude", sparsity=0.7)
     after = runs.run_sweep([*specs, extra], path)
     assert calls == [extra.key()] and after[:-1] == first
-    assert runs.load_results(path) == after and not temporaries(tmp_path)
+    assert load_results(path) == after and not temporaries(tmp_path)
 
 
 def _topk_study(out, monkeypatch, accuracy):

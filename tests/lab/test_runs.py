@@ -6,7 +6,8 @@ import json
 import pytest
 
 from gradsift.lab import runs
-from gradsift.lab.runs import RunRecord, RunSpec, run_one
+from gradsift.lab.records import RunRecord, diverged, load_results
+from gradsift.lab.runs import RunSpec, run_one
 from gradsift.lab.training import TrainConfig
 
 
@@ -18,6 +19,49 @@ def test_record_has_every_field_once():
     assert record["world_size"] == 1 and record["compression_ratio"] == 1.0
     assert record["total"] - record["kept"] == round(0.5 * record["total"])
     assert len(record["history"]) == 1
+
+
+OUTCOME = dict(
+    world_size=2,
+    kept=10,
+    total=100,
+    collapsed=[],
+    test_accuracy=0.5,
+    test_loss=0.7,
+    history=[],
+    prune_seconds=0.0,
+    seconds=1.0,
+)
+
+
+def test_record_of_a_spec_says_what_the_spec_says():
+    dense = RunRecord.of(RunSpec(model="mlp"), **OUTCOME)
+    assert (dense.method, dense.grad_density, dense.shuffle, dense.sanity) == (
+        "unpruned",
+        1.0,
+        False,
+        None,
+    )
+    assert dense.key == RunSpec(model="mlp").key() and dense.world_size == 2
+    spec = RunSpec(
+        method="snip",
+        sparsity=0.9,
+        shuffle=True,
+        allocation="erk",
+        seed=3,
+        train=TrainConfig(epochs=4, density=0.01, error_feedback=False),
+    )
+    record = RunRecord.of(spec, **OUTCOME, sharded=True)
+    assert (record.method, record.sparsity, record.seed, record.allocation) == (
+        "snip",
+        0.9,
+        3,
+        "erk",
+    )
+    assert (record.shuffle, record.sanity, record.sharded) == (True, "shuffle-layer", True)
+    assert (record.grad_density, record.error_feedback, record.epochs) == (0.01, False, 4)
+    with pytest.raises(TypeError, match="kept"):
+        RunRecord.of(spec, **{k: v for k, v in OUTCOME.items() if k != "kept"})
 
 
 def test_prune_for_run_passes_only_supported_options(monkeypatch):
@@ -101,7 +145,6 @@ def test_sweep_in_worker_processes_matches_one_process(tmp_path):
 
 def test_diverged_is_read_from_older_records_too():
     """Records written before the field existed: a non-finite loss anywhere marks them."""
-    from gradsift.lab.runs import diverged
 
     ok = {"test_loss": 0.3, "history": [{"train_loss": 1.0}, {"train_loss": 0.5}]}
     assert not diverged(ok)
@@ -143,7 +186,7 @@ def test_old_records_load_into_allocation_and_show_in_tables_and_plots(tmp_path)
     from gradsift.lab.plots import run_label
     from gradsift.lab.studies.mnist import _cells
 
-    erk, plain = runs.load_results(_old_results(tmp_path))
+    erk, plain = load_results(_old_results(tmp_path))
     assert (erk["allocation"], plain["allocation"]) == ("erk", "global")
     assert "budget" not in erk and "budget" not in plain
     assert RunRecord(**erk).allocation == "erk"  # every field of today's record, none extra
@@ -167,7 +210,7 @@ def test_sweep_resumes_over_old_records(tmp_path, monkeypatch):
     results = runs.run_sweep([erk, glob, new], path)
     assert ran == [new.key()], "the two old runs are found and skipped"
     assert [r["allocation"] for r in results] == ["erk", "global", "uniform"]
-    reloaded = runs.load_results(path)
+    reloaded = load_results(path)
     assert reloaded == results and all("budget" not in r for r in reloaded)
     assert runs.run_sweep([erk, glob, new], path) == results and len(ran) == 1
 
@@ -180,5 +223,5 @@ def test_new_record_round_trips(tmp_path, monkeypatch, allocation):
     path = tmp_path / "results.json"
     assert runs.run_sweep([spec], path) == [record]
     assert "budget" not in json.loads(path.read_text())["runs"][0]
-    assert runs.load_results(path) == [record]
-    assert RunRecord(**runs.load_results(path)[0]).to_dict() == record
+    assert load_results(path) == [record]
+    assert RunRecord(**load_results(path)[0]).to_dict() == record

@@ -1,11 +1,11 @@
-"""One experiment run (data, model, prune, train -> a ``RunRecord``), on one process or
-as one rank of a data-parallel run, and sweeps of runs that resume: finished runs are
-skipped and each result is saved atomically."""
+"""One experiment run (data, model, prune, train -> a ``RunRecord`` of
+``gradsift.lab.records``), on one process or as one rank of a data-parallel run, and
+sweeps of runs that resume: finished runs are skipped and each result is saved
+atomically."""
 
 from __future__ import annotations
 
 import logging
-import math
 import multiprocessing
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -14,23 +14,15 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from gradsift import prune_at_init, sparsity_report
-from gradsift.lab.atomic import atomic_write_json, read_json
+from gradsift.lab.atomic import atomic_write_json
 from gradsift.lab.data import load_dataset
 from gradsift.lab.models import build_model
 from gradsift.lab.parallel import ddp_setup, fsdp_setup
+from gradsift.lab.records import RunRecord, diverged, load_results
 from gradsift.lab.training import TrainConfig, single_process_setup, train_run
 from gradsift.pruning import hold_masks, supported_options
 
-__all__ = [
-    "RunSpec",
-    "RunRecord",
-    "prune_for_run",
-    "run_one",
-    "run_sweep",
-    "load_results",
-    "upgraded",
-    "diverged",
-]
+__all__ = ["RunSpec", "prune_for_run", "run_one", "run_sweep"]
 
 log = logging.getLogger(__name__)
 
@@ -83,40 +75,6 @@ def _exact(x: float) -> str:
     (``repr``): 0.999999 and 0.99999944 are different runs."""
     short = f"{x:g}"
     return short if float(short) == x else repr(float(x))
-
-
-@dataclass
-class RunRecord:
-    """The result of one run, the one record type of ``results.json`` / ``result.json``."""
-
-    key: str
-    model: str
-    dataset: str
-    method: str  # "unpruned" when not pruned
-    sparsity: float
-    iterations: int
-    shuffle: bool
-    seed: int
-    world_size: int
-    grad_density: float
-    error_feedback: bool
-    epochs: int
-    kept: int
-    total: int
-    collapsed: list
-    test_accuracy: float
-    test_loss: float
-    history: list
-    prune_seconds: float
-    seconds: float
-    compression_ratio: float = 1.0
-    allocation: str = "global"  # "budget" in records written before the rename
-    sanity: str | None = None
-    diverged: bool = False  # a non-finite loss: test_accuracy is a broken network's
-    sharded: bool = False  # trained sharded with FSDP2 (TopK across the shards)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def prune_for_run(
@@ -185,19 +143,9 @@ def run_one(
     report = sparsity_report(model)  # a collective on a sharded model
     if rank != 0:
         return None
-    return RunRecord(
-        key=spec.key(),
-        model=spec.model,
-        dataset=spec.dataset,
-        method=spec.method or "unpruned",
-        sparsity=spec.sparsity,
-        iterations=spec.iterations,
-        shuffle=spec.variant == "shuffle-layer",
-        seed=spec.seed,
+    return RunRecord.of(
+        spec,
         world_size=world,
-        grad_density=cfg.density if cfg.density is not None else 1.0,
-        error_feedback=cfg.error_feedback,
-        epochs=cfg.epochs,
         kept=report.kept,
         total=report.total,
         collapsed=report.collapsed,
@@ -207,8 +155,6 @@ def run_one(
         prune_seconds=prune_seconds,
         seconds=prune_seconds + result["seconds"],
         compression_ratio=setup.hook_state.compression_ratio if setup.hook_state else 1.0,
-        allocation=spec.allocation,
-        sanity=spec.variant,
         diverged=diverged(result),
         sharded=sharded,
     ).to_dict()
@@ -226,40 +172,6 @@ def _prune_spec(model, ds, spec: RunSpec) -> dict:
         allocation=spec.allocation,
         sanity=spec.variant,
     )
-
-
-def diverged(record: dict) -> bool:
-    """Whether a run's loss went non-finite (SGD diverged): its own flag, or for
-    records older than the flag, a non-finite test loss or epoch training loss."""
-    losses = [record.get("test_loss")] + [h.get("train_loss") for h in record.get("history", [])]
-    return bool(record.get("diverged")) or any(
-        x is not None and not math.isfinite(x) for x in losses
-    )
-
-
-def upgraded(record: dict) -> dict:
-    """``record`` in today's field names: a record written before the layer allocation
-    was called ``allocation`` holds it as ``"budget"``, and one written before either
-    existed ran under ``"global"`` (its ``key`` is left as written: ``RunSpec.key``
-    still spells it so)."""
-    allocation = record.pop("budget", "global")
-    record.setdefault("allocation", allocation)
-    return record
-
-
-def load_results(path) -> list[dict]:
-    """The runs of a results file (none when it does not exist), upgraded to today's
-    field names (``upgraded``)."""
-    data = read_json(path, default={"runs": []})
-    if not isinstance(data, dict) or not isinstance(data.get("runs", []), list):
-        raise ValueError(
-            f"{path} must hold a JSON object with a list of 'runs', got {type(data).__name__}"
-        )
-    runs = data.get("runs", [])
-    for i, r in enumerate(runs):
-        if not isinstance(r, dict) or not isinstance(r.get("key"), str):
-            raise ValueError(f"{path}: runs[{i}] is not a run record (an object with a 'key')")
-    return [upgraded(r) for r in runs]
 
 
 def run_sweep(specs: list[RunSpec], path, *, progress: bool = False, on_result=None, jobs: int = 1):

@@ -7,7 +7,8 @@ import statistics
 
 import torch
 
-from gradsift.lab.runs import diverged, run_sweep
+from gradsift.lab.records import diverged
+from gradsift.lab.runs import run_sweep
 from gradsift.pruning import get_method
 
 __all__ = [
