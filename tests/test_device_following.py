@@ -21,8 +21,7 @@ from torch import nn
 
 import gradsift
 from gradsift import TopK, masks_from_scores, prune_at_init, sparsify_grads_, topk_indices
-from gradsift.distributed import TopKHookState, compress_
-from gradsift.distributed import encoding as wire
+from gradsift.distributed import TopKHookState, compress_, encoding as wire
 from gradsift.pruning.sanity import SANITY
 from gradsift.select import topk_mask
 from pruning_support import DictModel, convnet, dict_data

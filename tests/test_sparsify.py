@@ -3,8 +3,7 @@ mass is conserved exactly, and DGC's momentum correction matches a transcription
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from gradsift import sparsify_grads_
 from gradsift.optim.error_feedback import sparsify_, sparsify_buckets_

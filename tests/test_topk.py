@@ -4,14 +4,15 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from gradsift import topk_indices
-from gradsift.select import exact as _topk_exact
-from gradsift.select import sampled as _topk_sampled
-from gradsift.select import sampled as sel
-from gradsift.select import topk_mask
+from gradsift.select import (
+    exact as _topk_exact,
+    sampled as _topk_sampled,
+    sampled as sel,
+    topk_mask,
+)
 
 FLOATS = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 

@@ -4,8 +4,7 @@ each program in numpy) or on the GPU where there is one."""
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from gradsift import topk_indices
 from gradsift.select import topk_mask

@@ -2,8 +2,7 @@
 the docs say, and "auto" picks the smallest."""
 
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from gradsift.distributed.encoding import ENCODINGS, choose, decode, encode, message_bytes
 

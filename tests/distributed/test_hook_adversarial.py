@@ -4,12 +4,10 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 import hook_adversarial_workers as W  # noqa: N812
-from gradsift.distributed import TopKHookState, compress_
-from gradsift.distributed import encoding as wire
+from gradsift.distributed import TopKHookState, compress_, encoding as wire
 from worlds import rank_results, run_world
 
 F16MAX = torch.finfo(torch.float16).max

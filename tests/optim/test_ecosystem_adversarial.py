@@ -13,8 +13,7 @@ import io
 import pytest
 import torch
 from torch import nn
-from torch.optim import lr_scheduler as sch
-from torch.optim import swa_utils
+from torch.optim import lr_scheduler as sch, swa_utils
 
 from gradsift import TopK, sparsify_grads_
 

@@ -6,8 +6,7 @@ from fractions import Fraction
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from gradsift import masks_from_scores
 from gradsift.pruning import ALLOCATIONS, layer_counts, layer_densities

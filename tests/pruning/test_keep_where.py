@@ -4,8 +4,7 @@ from unittest import mock
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from gradsift.pruning import keep_where as kw
 from gradsift.pruning.keep_where import keep_where, keep_where_

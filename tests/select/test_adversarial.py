@@ -9,8 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 import gradsift
 from gradsift.budget import Budget, kept_count, resolve_k

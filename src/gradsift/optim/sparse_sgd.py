@@ -12,8 +12,7 @@ power-of-two ``lr``) the two agree bit for bit; the fused GPU step rounds as thi
 from __future__ import annotations
 
 import torch
-from torch.optim import Optimizer
-from torch.optim import optimizer as optimizer_module
+from torch.optim import Optimizer, optimizer as optimizer_module
 
 from gradsift.optim.flat_buffer import FlatBucket
 

@@ -4,8 +4,7 @@ import pytest
 from torch.nn.utils import prune
 
 import gradsift
-from gradsift.lab.bench import BENCHES
-from gradsift.lab.bench import methods as bench
+from gradsift.lab.bench import BENCHES, methods as bench
 from gradsift.lab.tables import render
 from gradsift.pruning import register_method
 from gradsift.pruning.params import effective
