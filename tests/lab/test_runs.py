@@ -108,6 +108,18 @@ def test_allocation_and_sanity_reach_prune_at_init_and_the_record(monkeypatch):
     assert record["total"] - record["kept"] == round(0.9 * record["total"])
 
 
+def test_run_many_in_order_yields_the_specs_order_from_worker_processes():
+    """The first run is the slowest, so it finishes last; ``in_order`` still yields it
+    first, each record the one of its spec."""
+    specs = [
+        RunSpec(model="mlp", train=TrainConfig(epochs=e), seed=seed)
+        for e, seed in ((6, 0), (1, 1), (1, 2))
+    ]
+    got = list(runs.run_many(specs, jobs=2, in_order=True))
+    assert [r["key"] for r in got] == [s.key() for s in specs]
+    assert [len(r["history"]) for r in got] == [6, 1, 1]
+
+
 def test_keys_of_older_results_still_match():
     old = RunSpec(method="snip", sparsity=0.9, shuffle=True)
     assert old.key() == "lenet5|digits|snip|0.9|1|1|0|10|None|None|1|0.05|64"

@@ -12,32 +12,14 @@ import sys
 from gradsift.lab import commands
 from gradsift.lab.arg_types import (
     Renamed as _Renamed,
-)
-from gradsift.lab.arg_types import (
     allocation as _allocation,
-)
-from gradsift.lab.arg_types import (
     checked as _checked,
-)
-from gradsift.lab.arg_types import (
     density as _density,
-)
-from gradsift.lab.arg_types import (
     device as _device,
-)
-from gradsift.lab.arg_types import (
     list_of as _list_of,
-)
-from gradsift.lab.arg_types import (
     lr as _lr,
-)
-from gradsift.lab.arg_types import (
     positive_int as _positive_int,
-)
-from gradsift.lab.arg_types import (
     sanity as _sanity,
-)
-from gradsift.lab.arg_types import (
     sparsity as _sparsity,
 )
 from gradsift.lab.comm import COMMS
@@ -150,6 +132,12 @@ def _demo_parser(sub) -> None:
     d.add_argument("--density", type=_density, default=0.01, help="gradient density")
     d.add_argument("--epochs", type=_positive_int, default=20, help="training epochs")
     d.add_argument("--seed", type=int, default=0, help="seeds everything")
+    _add_jobs(
+        d,
+        "runs at a time, each in its own single-threaded process (default: the "
+        "cores this process may use, at most 4)",
+        default=None,
+    )
     d.set_defaults(func=commands.demo)
 
 
@@ -214,8 +202,8 @@ def _train_parsers(sub) -> None:
     w.set_defaults(func=commands.sweep, out="gradsift-sweep")
 
 
-def _add_jobs(p: argparse.ArgumentParser, help: str) -> None:
-    p.add_argument("--jobs", type=_positive_int, default=1, help=help)
+def _add_jobs(p: argparse.ArgumentParser, help: str, default: int | None = 1) -> None:
+    p.add_argument("--jobs", type=_positive_int, default=default, help=help)
 
 
 def _study_parsers(sub) -> None:

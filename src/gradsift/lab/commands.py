@@ -68,7 +68,7 @@ def demo(args: argparse.Namespace) -> int:
         f"{', '.join(f'{s:.0%}' for s in sparsities)} sparsity, (2) trained with the top "
         f"{args.density:.0%} of gradient coordinates per step; results in {out}/"
     )
-    res = run_demo(methods, sparsities, args.density, args.epochs, args.seed)
+    res = run_demo(methods, sparsities, args.density, args.epochs, args.seed, jobs=args.jobs)
     rows = [res["unpruned"], *res["pruned"].values(), *res["topk"].values()]
     print()
     print(render(rows, RUN_COLUMNS))

@@ -11,7 +11,7 @@ below the unpruned net, with the reason this setting gives them.
 
 from __future__ import annotations
 
-from gradsift.lab.runs import RunSpec, run_one
+from gradsift.lab.runs import RunSpec, run_many, usable_cores
 from gradsift.lab.training import TrainConfig
 
 __all__ = ["run_demo", "summary"]
@@ -19,22 +19,40 @@ __all__ = ["run_demo", "summary"]
 FAR_BELOW = 10.0  # points of accuracy under the unpruned net that the summary explains
 
 
-def run_demo(methods, sparsities, density, epochs, seed, report=print):
-    """The runs, as ``{"unpruned": row, "pruned": {(method, s): row}, "topk": {...}}``."""
+def run_demo(methods, sparsities, density, epochs, seed, report=print, jobs=None):
+    """The runs, as ``{"unpruned": row, "pruned": {(method, s): row}, "topk": {...}}``;
+    ``jobs`` runs at a time, each in its own single-threaded process (default: the
+    cores this process may use, at most 4: a LeNet-5 on 8x8 images leaves a second
+    thread little to do, a second process a whole run)."""
 
-    def run(method=None, sparsity=0.0, **train):
+    def spec(method=None, sparsity=0.0, **train):
         cfg = TrainConfig(epochs=epochs, seed=seed, **train)
-        return run_one(RunSpec(method=method, sparsity=sparsity, seed=seed, train=cfg))
+        return RunSpec(method=method, sparsity=sparsity, seed=seed, train=cfg)
 
-    out = {"unpruned": run(), "pruned": {}, "topk": {}}
-    report(f"  unpruned, dense updates: {_pct(out['unpruned'])}")
-    for s in sparsities:
-        for m in methods:
-            out["pruned"][m, s] = r = run(m, s)
-            report(f"  {m} at {s:.0%} sparsity, dense updates: {_pct(r)}")
-    for feedback in (True, False):
-        out["topk"][feedback] = r = run(density=density, error_feedback=feedback)
-        report(f"  top-{density:g} gradients, error feedback {feedback}: {_pct(r)}")
+    plan = [("unpruned", None, "unpruned, dense updates", spec())]
+    plan += [
+        ("pruned", (m, s), f"{m} at {s:.0%} sparsity, dense updates", spec(m, s))
+        for s in sparsities
+        for m in methods
+    ]
+    plan += [
+        (
+            "topk",
+            f,
+            f"top-{density:g} gradients, error feedback {f}",
+            spec(density=density, error_feedback=f),
+        )
+        for f in (True, False)
+    ]
+    out = {"pruned": {}, "topk": {}}
+    jobs = min(4, usable_cores()) if jobs is None else jobs
+    records = run_many([p[-1] for p in plan], jobs=jobs, in_order=True)
+    for (part, slot, label, _), r in zip(plan, records):
+        if slot is None:
+            out[part] = r
+        else:
+            out[part][slot] = r
+        report(f"  {label}: {_pct(r)}")
     return out
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
@@ -22,7 +23,7 @@ from gradsift.lab.records import RunRecord, diverged, load_results
 from gradsift.lab.training import TrainConfig, single_process_setup, train_run
 from gradsift.pruning import hold_masks, supported_options
 
-__all__ = ["RunSpec", "prune_for_run", "run_one", "run_sweep"]
+__all__ = ["RunSpec", "prune_for_run", "run_many", "run_one", "run_sweep", "usable_cores"]
 
 log = logging.getLogger(__name__)
 
@@ -185,7 +186,7 @@ def run_sweep(specs: list[RunSpec], path, *, progress: bool = False, on_result=N
     done = {r["key"] for r in results}
     todo = list({s.key(): s for s in specs if s.key() not in done}.values())
     log.info("%d of %d runs already in %s", len(specs) - len(todo), len(specs), path)
-    for record in _records(todo, jobs, progress):
+    for record in run_many(todo, jobs=jobs, progress=progress):
         results.append(record)
         atomic_write_json(path, {"runs": results})
         if on_result is not None:
@@ -193,18 +194,26 @@ def run_sweep(specs: list[RunSpec], path, *, progress: bool = False, on_result=N
     return results
 
 
-def _records(specs: list[RunSpec], jobs: int, progress: bool):
-    """Each spec's record, in this process or in ``jobs`` workers."""
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, where the platform has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def run_many(specs: list[RunSpec], *, jobs: int = 1, progress: bool = False, in_order=False):
+    """Each spec's record (``run_one``), in this process or in ``jobs`` single-threaded
+    worker processes; as they finish, or in the order of ``specs`` with ``in_order``."""
     if jobs == 1 or len(specs) <= 1:
         yield from (run_one(spec, progress=progress) for spec in specs)
         return
     context = multiprocessing.get_context("spawn")  # fork would copy torch's thread pools
     with ProcessPoolExecutor(
-        jobs, mp_context=context, initializer=torch.set_num_threads, initargs=(1,)
+        min(jobs, len(specs)), mp_context=context, initializer=torch.set_num_threads, initargs=(1,)
     ) as pool:
         futures = [pool.submit(run_one, spec) for spec in specs]
         try:
-            yield from (f.result() for f in as_completed(futures))
+            yield from (f.result() for f in (futures if in_order else as_completed(futures)))
         finally:
             for f in futures:
                 f.cancel()
