@@ -7,7 +7,7 @@ from gradsift.lab.bench.iteration import TinyLM, bench_iteration
 
 
 def test_rows_on_cpu():
-    rows = bench_iteration(device="cpu", repeats=1)
+    rows = bench_iteration(device="cpu", repeats=1, warmup=1)
     by = {(r["model"].split()[0], r["variant"]) for r in rows}
     assert ("ResNet-18", "TopK(SGD) 0.001") in by and ("ResNet-18", "SGD fused") in by
     assert any(v == "TopK(AdamW) 0.01" for _, v in by)

@@ -104,8 +104,8 @@ def _optimizers(kind: str):
             yield f"TopK({name}) {d:g}", name, topk
 
 
-def _time_iterations(step, dev, repeats: int) -> float:
-    for _ in range(3):
+def _time_iterations(step, dev, repeats: int, warmup: int) -> float:
+    for _ in range(warmup):
         step()
     times = []
     for _ in range(repeats):
@@ -123,7 +123,7 @@ def _time_iterations(step, dev, repeats: int) -> float:
     return statistics.median(times)
 
 
-def _rows_of(model_name, make_model, batch_fn, loss_fn, kind, dev, repeats):
+def _rows_of(model_name, make_model, batch_fn, loss_fn, kind, dev, repeats, warmup):
     torch.manual_seed(0)
     start = make_model().to(dev).state_dict()
     rows = []
@@ -144,7 +144,7 @@ def _rows_of(model_name, make_model, batch_fn, loss_fn, kind, dev, repeats):
             torch.cuda.synchronize(dev)
             torch.cuda.reset_peak_memory_stats(dev)
         row = {"model": model_name, "variant": variant, "family": family}
-        row["iter_ms"] = _time_iterations(step, dev, repeats)
+        row["iter_ms"] = _time_iterations(step, dev, repeats, warmup)
         if dev.type == "cuda":
             row["peak_mib"] = torch.cuda.max_memory_allocated(dev) / 2**20
         row["fallback_steps"] = getattr(opt, "fallback_steps", 0)
@@ -159,8 +159,9 @@ def _rows_of(model_name, make_model, batch_fn, loss_fn, kind, dev, repeats):
     return rows
 
 
-def bench_iteration(device: str = "cpu", repeats: int = 20) -> list[dict]:
-    """Rows per (model, step) as in the module docstring."""
+def bench_iteration(device: str = "cpu", repeats: int = 20, warmup: int = 3) -> list[dict]:
+    """Rows per (model, step) as in the module docstring; each row's median of
+    ``repeats`` timed iterations after ``warmup`` untimed ones."""
     dev = torch.device(device)
     name, make, (batch, side) = _vision(dev)
 
@@ -171,7 +172,7 @@ def bench_iteration(device: str = "cpu", repeats: int = 20) -> list[dict]:
     def classify(model, x, y):
         return nn.functional.cross_entropy(model(x).float(), y)
 
-    rows = _rows_of(name, make, images, classify, "vision", dev, repeats)
+    rows = _rows_of(name, make, images, classify, "vision", dev, repeats, warmup)
     name, make, (batch, seq, vocab), hf = _language(dev)
 
     def tokens():
@@ -184,4 +185,4 @@ def bench_iteration(device: str = "cpu", repeats: int = 20) -> list[dict]:
         logits = model(ids)[:, :-1].float()
         return nn.functional.cross_entropy(logits.reshape(-1, vocab), labels[:, 1:].reshape(-1))
 
-    return rows + _rows_of(name, make, tokens, lm_loss, "language", dev, repeats)
+    return rows + _rows_of(name, make, tokens, lm_loss, "language", dev, repeats, warmup)

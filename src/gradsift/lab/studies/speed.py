@@ -27,7 +27,7 @@ _QUICK = {
         "methods": ["snip", "synflow"],
         "iterations": 2,
     },
-    "iteration": {"repeats": 1},
+    "iteration": {"repeats": 1, "warmup": 1},
     "prune-memory": {"cases": (ANCHOR, "magnitude"), "width": 128, "depth": 2},
     "sharded": {"sizes": (100_000,)},
 }
