@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from gradsift.lab.atomic import atomic_write_json, read_json
 from gradsift.lab.comm import make_hook
+from gradsift.lab.data import loader
 from gradsift.lab.launch import RankFailedError, free_cycles, free_port, run_processes
 from gradsift.lab.models import build_model, list_models
 from gradsift.lab.shaping import ENV, loopback_bytes, run_shaped
@@ -74,7 +75,7 @@ def _batches(steps: int, batch: int, rank: int) -> DataLoader:
     gen = torch.Generator().manual_seed(rank)
     x = torch.randn(batch, 3, 32, 32, generator=gen)
     y = torch.randint(0, 10, (batch,), generator=gen)
-    return DataLoader(TensorDataset(x.repeat(steps, 1, 1, 1), y.repeat(steps)), batch_size=batch)
+    return loader(TensorDataset(x.repeat(steps, 1, 1, 1), y.repeat(steps)), batch_size=batch)
 
 
 def _timed(forward, model, data, on_step_extra=None, *, barrier=True) -> list[float]:
