@@ -2,12 +2,13 @@
 
 import pytest
 import torch
+import torch.nn.functional as F  # noqa: N812
 
 from gradsift import TopK
-from gradsift.lab.data import digits
+from gradsift.lab.data import digits, loader
 from gradsift.lab.models import build_model
 from gradsift.lab.runs import RunSpec, run_one
-from gradsift.lab.training import TrainConfig, evaluate, make_optimizer, train
+from gradsift.lab.training import TrainConfig, evaluate, fit, make_optimizer, train
 
 
 def _acc(density, ef):
@@ -51,3 +52,31 @@ def test_a_run_that_diverges_says_so_in_its_record_and_its_log(caplog):
     assert any("diverged" in m for m in caplog.messages), caplog.messages
     healthy = run_one(RunSpec(model="mlp", seed=0, train=TrainConfig(epochs=1)))
     assert healthy["diverged"] is False
+
+
+def test_fit_reads_the_loss_once_an_epoch_and_averages_it_as_python_floats(monkeypatch):
+    """The mean training loss is summed on the loss's device (one host sync an epoch,
+    not one a step), and equals the per-step Python-float sum bit for bit."""
+    torch.manual_seed(0)
+    model = build_model("mlp", input_shape=(1, 8, 8), num_classes=10)
+    data = loader(digits().train, batch_size=100, shuffle=True)  # 1,348: the last has 48
+    losses, means, items = [], [], []
+
+    def loss_fn(out, y):
+        loss = F.cross_entropy(out, y)
+        losses.append((loss.detach().clone(), y.numel()))
+        return loss
+
+    item = torch.Tensor.item
+    monkeypatch.setattr(torch.Tensor, "item", lambda t: items.append(t.dtype) or item(t))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    fit(model, opt, data, epochs=2, loss_fn=loss_fn, on_epoch=lambda e, m: means.append(m))
+    monkeypatch.undo()
+    # (the DataLoader reads an int64 seed once an epoch)
+    assert [d for d in items if d.is_floating_point] == [torch.float64] * 2, items
+    steps = len(data)
+    for epoch, mean in enumerate(means):
+        total = 0.0
+        for loss, n in losses[epoch * steps : (epoch + 1) * steps]:
+            total += loss.item() * n
+        assert mean == total / 1348

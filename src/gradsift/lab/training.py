@@ -116,21 +116,24 @@ def fit(
     for epoch in _progress(range(start_epoch, epochs), progress, "epochs"):
         if hasattr(data.sampler, "set_epoch"):
             data.sampler.set_epoch(epoch)
-        total, count = 0.0, 0
+        # summed in float64 on the loss's device (the sums a Python float made, bit for
+        # bit): one host sync an epoch, not one a step
+        total, count = None, 0
         for x, y in data:
             x, y = x.to(device), y.to(device)
             optimizer.zero_grad()
             loss = loss_fn(forward(x), y)
             loss.backward()
             optimizer.step()
-            total += loss.item() * y.numel()
+            part = loss.detach().double() * y.numel()
+            total = part if total is None else total + part
             count += y.numel()
             if on_step is not None:
                 on_step()
         if scheduler is not None:
             scheduler.step()
         if on_epoch is not None:
-            on_epoch(epoch, total / max(count, 1))
+            on_epoch(epoch, total.item() / count if count else 0.0)
 
 
 @dataclass
