@@ -80,3 +80,25 @@ def test_fit_reads_the_loss_once_an_epoch_and_averages_it_as_python_floats(monke
         for loss, n in losses[epoch * steps : (epoch + 1) * steps]:
             total += loss.item() * n
         assert mean == total / 1348
+
+
+def test_evaluate_reads_its_sums_once_and_equals_python_float_sums(monkeypatch):
+    torch.manual_seed(0)
+    ds = digits()
+    model = build_model("mlp", input_shape=ds.input_shape, num_classes=10)
+    loss, correct = 0.0, 0
+    for x, y in loader(ds.test, batch_size=100):  # 449: five batches
+        with torch.no_grad():
+            out = model(x)
+        loss += float(F.cross_entropy(out, y, reduction="sum"))
+        correct += int((out.argmax(1) == y).sum())
+    reads = []
+    for name in ("__float__", "__int__"):  # (the DataLoader .item()s a seed of its own)
+        real = getattr(torch.Tensor, name)
+        monkeypatch.setattr(
+            torch.Tensor, name, lambda t, name=name, real=real: reads.append(name) or real(t)
+        )
+    metrics = evaluate(model, ds.test, batch_size=100)
+    monkeypatch.undo()
+    assert sorted(reads) == ["__float__", "__int__"], reads
+    assert metrics == {"accuracy": correct / 449, "loss": loss / 449}

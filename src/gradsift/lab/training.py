@@ -72,15 +72,15 @@ def evaluate(model: nn.Module, dataset, *, device="cpu", batch_size: int = 512) 
     """Accuracy and mean cross-entropy of ``model`` on ``dataset`` (eval mode)."""
     was_training = model.training
     model.eval()
-    correct, total, loss = 0, 0, 0.0
+    correct, total, loss = 0, 0, 0.0  # summed on the device (float64), read once
     for x, y in loader(dataset, batch_size=batch_size, shuffle=False):
         x, y = x.to(device), y.to(device)
         out = model(x)
-        loss += float(F.cross_entropy(out, y, reduction="sum"))
-        correct += int((out.argmax(1) == y).sum())
+        loss = loss + F.cross_entropy(out, y, reduction="sum").double()
+        correct = correct + (out.argmax(1) == y).sum()
         total += y.numel()
     model.train(was_training)
-    return {"accuracy": correct / total, "loss": loss / total}
+    return {"accuracy": int(correct) / total, "loss": float(loss) / total}
 
 
 def _progress(iterable, enabled: bool, desc: str):
