@@ -118,15 +118,14 @@ def fit(
             data.sampler.set_epoch(epoch)
         # summed in float64 on the loss's device (the sums a Python float made, bit for
         # bit): one host sync an epoch, not one a step
-        total, count = None, 0
+        total, count = 0.0, 0
         for x, y in data:
             x, y = x.to(device), y.to(device)
             optimizer.zero_grad()
             loss = loss_fn(forward(x), y)
             loss.backward()
             optimizer.step()
-            part = loss.detach().double() * y.numel()
-            total = part if total is None else total + part
+            total = total + loss.detach().double() * y.numel()
             count += y.numel()
             if on_step is not None:
                 on_step()
