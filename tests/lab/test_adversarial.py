@@ -14,7 +14,6 @@ import json
 import os
 import shlex
 import threading
-import traceback
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,7 @@ import torch
 from torch import nn
 
 from checkpoint_support import saved, stopped_after_save, untimed
+from cli_support import run_cli
 from gradsift import TopK
 from gradsift.lab import checkpoint, cli, runs
 from gradsift.lab.atomic import atomic_write_json, read_json
@@ -31,18 +31,6 @@ from gradsift.lab.runs import RunSpec
 from gradsift.lab.training import Setup, TrainConfig, make_scheduler, train_run
 
 # --------------------------------------------------------------------------- helpers
-
-
-def run_cli(argv, capsys):
-    """``gradsift argv`` in this process: (exit code, stderr lines). An exception that
-    escapes ``main`` is what a user sees as a traceback: code ``"traceback"``."""
-    try:
-        code = cli.main(argv)
-    except SystemExit as exc:  # argparse exits itself
-        code = exc.code
-    except BaseException:  # noqa: BLE001 - the traceback a user would see
-        return "traceback", traceback.format_exc().strip().splitlines()
-    return code, capsys.readouterr().err.strip().splitlines()
 
 
 def temporaries(folder: Path) -> list[str]:

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import gradsift
+from cli_support import run_cli
 from gradsift.lab import cli, runs
 from gradsift.pruning import layer_counts
 
@@ -149,23 +150,22 @@ def test_bench_select_json(tmp_path, capsys):
         (["sweep", "--jobs", "0"], "jobs"),
     ],
 )
-def test_bad_arguments_exit_2_with_one_line(argv, message):
+def test_bad_arguments_exit_2_with_one_line(argv, message, capsys):
+    code, err = run_cli(argv, capsys)
+    assert code == 2 and len(err) == 1 and message in err[0], err
+
+
+def test_a_bad_argument_in_a_real_process_is_one_line_and_exit_2():
+    """``python -m gradsift`` as a shell runs it: the entry point, not ``cli.main``."""
     proc = subprocess.run(
-        [sys.executable, "-m", "gradsift", *argv], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "gradsift", "train", "--sparsity", "1.5"],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
-    assert proc.returncode == 2
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0], proc.stderr
-    assert "Traceback" not in proc.stderr
-
-
-def run_cli(argv, capsys):
-    """``gradsift argv`` in this process: (exit code, stderr lines)."""
-    try:
-        code = cli.main(argv)
-    except SystemExit as exc:  # argparse exits itself
-        code = exc.code
-    return code, capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "sparsity must be in [0, 1)" in lines[0], proc.stderr
 
 
 def _cifar_folder(root, content: bytes):
