@@ -1,5 +1,6 @@
 """The --quick form of every study runs and writes valid JSON, Markdown and a PNG."""
 
+import copy
 import importlib
 import json
 
@@ -8,6 +9,7 @@ import torch
 
 import gradsift
 from gradsift.lab import cli
+from gradsift.lab.bench import BENCHES
 from gradsift.lab.studies.speed import _QUICK
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -16,7 +18,16 @@ PNG = b"\x89PNG\r\n\x1a\n"
 @pytest.mark.parametrize(
     "study", ["collapse", "accuracy", "topk", "speed", "ddp", "agreement", "mnist"]
 )
-def test_quick_study(study, tmp_path, capsys):
+def test_quick_study(study, tmp_path, capsys, monkeypatch, request):
+    if study == "speed":  # the iteration bench's rows come from its own test's one run
+        rows = request.getfixturevalue("quick_iteration_rows")
+        bench, columns = BENCHES["iteration"]
+
+        def iteration(**kwargs):
+            assert kwargs == _QUICK["iteration"]
+            return copy.deepcopy(rows)
+
+        monkeypatch.setitem(BENCHES, "iteration", (iteration, columns))
     assert cli.main(["experiment", study, "--quick", "--out", str(tmp_path)]) == 0
     data = json.loads((tmp_path / f"{study}.json").read_text())
     assert data["study"] == study and data["quick"] is True

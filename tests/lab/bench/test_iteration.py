@@ -3,11 +3,11 @@ and TopK's rows are set against the faster dense step of the same optimizer."""
 
 import pytest
 
-from gradsift.lab.bench.iteration import TinyLM, bench_iteration
+from gradsift.lab.bench.iteration import TinyLM
 
 
-def test_rows_on_cpu():
-    rows = bench_iteration(device="cpu", repeats=1, warmup=1)
+def test_rows_on_cpu(quick_iteration_rows):
+    rows = quick_iteration_rows
     by = {(r["model"].split()[0], r["variant"]) for r in rows}
     assert ("ResNet-18", "TopK(SGD) 0.001") in by and ("ResNet-18", "SGD fused") in by
     assert any(v == "TopK(AdamW) 0.01" for _, v in by)
