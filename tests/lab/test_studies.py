@@ -3,6 +3,7 @@
 import copy
 import importlib
 import json
+from functools import partial
 
 import pytest
 import torch
@@ -190,3 +191,28 @@ def test_an_interrupted_collapse_study_resumes_at_the_next_method(tmp_path, monk
     resumed, _ = study.collapse(tmp_path / "part", quick=True)
     assert computed == ["synflow"]
     assert resumed["rows"] == whole["rows"] and resumed["summary"] == whole["summary"]
+
+
+@pytest.mark.parametrize("method", ["force", "snip"])  # pruned afresh, scored once
+def test_collapse_at_compression_1_runs_no_method_and_keeps_every_weight(method, monkeypatch):
+    study = importlib.import_module("gradsift.lab.studies.collapse")
+    setting = study._QUICK[1]  # ResNet-20 on 8x8 inputs
+    sparsities = []
+    for name, position in (("prune_at_init", 2), ("masks_from_scores", 1)):
+        real = getattr(study, name)
+
+        def recorded(*args, real=real, position=position, **kwargs):
+            sparsities.append(args[position])
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(study, name, recorded)
+    torch.manual_seed(0)
+    model = study.build_model(setting.model, input_shape=setting.input_shape, num_classes=10)
+    data = study.random_data(setting.input_shape, 10, per_class=setting.per_class)
+    rows = study._rows(method, model, partial(study.loader, data.train), setting)
+    weights = [p for n, p in model.named_parameters() if n.endswith("weight") and p.dim() > 1]
+    first = [r for r in rows if r["log10_compression"] == 0]
+    assert [r["guard"] for r in first] == [False, True]
+    assert all(r["kept"] == sum(w.numel() for w in weights) for r in first)
+    assert not any(r["collapsed_layers"] for r in first)
+    assert sparsities and min(sparsities) >= 1 - 10**-0.5  # the next compression's

@@ -26,6 +26,7 @@ from gradsift.lab.models import build_model
 from gradsift.lab.studies.common import machine
 from gradsift.lab.tables import Column, columns, render
 from gradsift.pruning import get_method, supported_options
+from gradsift.pruning.params import original, prunable
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +105,13 @@ def _prunes_afresh(method: str) -> bool:
     return entry.paper_iterations > 1 or "sparsity" in entry.options()
 
 
+def _all_kept(model) -> dict:
+    """The masks at compression 1 without running a method: a whole pruning run of a
+    method that prunes afresh (minutes for FORCE on VGG-16) would keep them anyway."""
+    return {n: torch.ones(original(m, a).shape, dtype=torch.bool)
+            for n, (m, a) in prunable(model, warn=False).items()}  # fmt: skip
+
+
 def _masks(method, model, data, setting, sparsity, guard, options, scores):
     if scores is not None:
         return masks_from_scores(scores, sparsity, min_per_layer=guard)
@@ -138,7 +146,11 @@ def _rows(method, model, data, setting: Setting) -> list[dict]:
                 # guard never engaged and the rounds would repeat exactly
                 rows.append({**unguarded[0], "guard": True})
                 continue
-            masks = _masks(method, model, data, setting, 1.0 - 10.0**-e, guard, options, scores)
+            if e == 0:  # compression 1, sparsity 0: every method keeps every weight
+                masks = _all_kept(model)
+            else:
+                sparsity = 1.0 - 10.0**-e
+                masks = _masks(method, model, data, setting, sparsity, guard, options, scores)
             bad = [n for n, m in masks.items() if not bool(m.any())]
             rows.append(
                 {
