@@ -1,5 +1,6 @@
-"""The package's shape: the library never imports the lab, no module is named after a
-standard-library module, and modules and functions stay small enough to read."""
+"""The package's shape: the library never imports the lab, no modules import each other
+in a loop, no module is named after a standard-library module, and modules and
+functions stay small enough to read."""
 
 import ast
 import sys
@@ -34,6 +35,63 @@ def test_the_scan_sees_both_halves():
 def test_library_never_imports_the_lab(path):
     lab = sorted(n for n in _imports(path) if n == "gradsift.lab" or n.startswith("gradsift.lab."))
     assert not lab, f"{path.name} imports {lab}"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(SRC.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+NAMES = {_module_name(p): p for p in MODULES}
+
+
+def _imported_modules(path: Path) -> set[str]:
+    """The package's modules that ``path`` imports anywhere (at the top, in a function,
+    under ``TYPE_CHECKING``): ``from p import m`` names the module ``p.m`` where there
+    is one, else ``p`` (a package's face, which every submodule's import runs anyway)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in NAMES
+                      else node.module for a in node.names}  # fmt: skip
+    return (found & NAMES.keys()) - {_module_name(path)}
+
+
+def _loops(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The modules of each loop of imports (Tarjan's strongly connected components of
+    more than one module), each sorted."""
+    order, low, stack, loops = {}, {}, [], []
+
+    def visit(name):
+        order[name] = low[name] = len(order)
+        stack.append(name)
+        for nxt in graph[name]:
+            if nxt not in order:
+                visit(nxt)
+                low[name] = min(low[name], low[nxt])
+            elif nxt in stack:
+                low[name] = min(low[name], order[nxt])
+        if low[name] == order[name]:
+            component = stack[stack.index(name) :]
+            del stack[stack.index(name) :]
+            if len(component) > 1:
+                loops.append(sorted(component))
+
+    for name in sorted(graph):
+        if name not in order:
+            visit(name)
+    return sorted(loops)
+
+
+def test_no_modules_import_each_other_in_a_loop():
+    assert _loops({n: _imported_modules(p) for n, p in NAMES.items()}) == []
+
+
+def test_a_loop_of_imports_is_seen():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a", "e"}, "e": {"d"}, "f": set()}
+    assert _loops(graph) == [["a", "b", "c"], ["d", "e"]]
 
 
 def _loaded_after_import(tops: tuple[str, ...]) -> list[str]:

@@ -27,7 +27,7 @@ from gradsift.lab import checkpoint, cli, runs
 from gradsift.lab.atomic import atomic_write_json, read_json
 from gradsift.lab.data import digits, loader
 from gradsift.lab.records import RunRecord, load_results
-from gradsift.lab.runs import RunSpec
+from gradsift.lab.specs import RunSpec
 from gradsift.lab.training import Setup, TrainConfig, make_scheduler, train_run
 
 # --------------------------------------------------------------------------- helpers

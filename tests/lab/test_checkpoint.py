@@ -6,7 +6,8 @@ import torch
 
 from checkpoint_support import saved, stopped_after_save, untimed
 from gradsift.lab import checkpoint
-from gradsift.lab.runs import RunSpec, run_one
+from gradsift.lab.runs import run_one
+from gradsift.lab.specs import RunSpec
 from gradsift.lab.training import TrainConfig
 
 

@@ -7,7 +7,8 @@ import pytest
 
 from gradsift.lab import runs
 from gradsift.lab.records import RunRecord, diverged, load_results
-from gradsift.lab.runs import RunSpec, run_one
+from gradsift.lab.runs import run_one
+from gradsift.lab.specs import RunSpec
 from gradsift.lab.training import TrainConfig
 
 

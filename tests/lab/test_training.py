@@ -7,7 +7,8 @@ import torch.nn.functional as F  # noqa: N812
 from gradsift import TopK
 from gradsift.lab.data import digits, loader
 from gradsift.lab.models import build_model
-from gradsift.lab.runs import RunSpec, run_one
+from gradsift.lab.runs import run_one
+from gradsift.lab.specs import RunSpec
 from gradsift.lab.training import TrainConfig, evaluate, fit, make_optimizer, train
 
 

@@ -26,7 +26,7 @@ RUN_COLUMNS = columns(
 
 
 def _spec(args: argparse.Namespace, **overrides):
-    from gradsift.lab.runs import RunSpec
+    from gradsift.lab.specs import RunSpec
     from gradsift.lab.training import TrainConfig
 
     cfg = TrainConfig(

@@ -11,7 +11,8 @@ below the unpruned net, with the reason this setting gives them.
 
 from __future__ import annotations
 
-from gradsift.lab.runs import RunSpec, run_many, usable_cores
+from gradsift.lab.runs import run_many, usable_cores
+from gradsift.lab.specs import RunSpec
 from gradsift.lab.training import TrainConfig
 
 __all__ = ["run_demo", "summary"]

@@ -15,7 +15,8 @@ import torch.distributed as dist
 
 from gradsift.lab.atomic import atomic_write_json, read_json
 from gradsift.lab.parallel import init_process_group
-from gradsift.lab.runs import RunSpec, run_one
+from gradsift.lab.runs import run_one
+from gradsift.lab.specs import RunSpec
 
 __all__ = [
     "RankFailedError",

@@ -5,12 +5,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
 
 from gradsift.lab.atomic import read_json
-
-if TYPE_CHECKING:
-    from gradsift.lab.runs import RunSpec
+from gradsift.lab.specs import RunSpec
 
 __all__ = ["RunRecord", "diverged", "load_results", "upgraded"]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-from gradsift.lab.runs import RunSpec
+from gradsift.lab.specs import RunSpec
 from gradsift.lab.studies.common import accuracy_cell, paper_rounds, study_runs, training_result
 from gradsift.lab.tables import Column, render
 from gradsift.lab.training import TrainConfig

@@ -20,8 +20,9 @@ from pathlib import Path
 
 from gradsift.lab.bench.ddp_step import COLUMNS, VARIANTS, bench_ddp
 from gradsift.lab.launch import spawn
-from gradsift.lab.runs import RunSpec, run_one
+from gradsift.lab.runs import run_one
 from gradsift.lab.shaping import rate_gbit, run_shaped
+from gradsift.lab.specs import RunSpec
 from gradsift.lab.studies.common import accuracy_cell, machine
 from gradsift.lab.tables import Column, columns, render
 from gradsift.lab.training import TrainConfig

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gradsift import list_methods
-from gradsift.lab.runs import RunSpec
+from gradsift.lab.specs import RunSpec
 from gradsift.lab.studies.common import (
     accuracy_cell,
     mean_accuracy,
