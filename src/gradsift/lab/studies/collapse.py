@@ -7,6 +7,7 @@ projection shortcuts are what SynFlow was reported to prune away entirely
 Each method runs as its registry entry says: a criterion with its own schedule (a
 ``sparsity`` option) or the paper's rounds (``paper_iterations > 1``) prunes afresh at
 every compression; any other is scored once and its scores cut at each compression.
+At compression 1 (sparsity 0) no method runs: every weight is kept.
 """
 
 from __future__ import annotations
