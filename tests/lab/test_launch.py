@@ -11,6 +11,7 @@ import time
 import pytest
 import torch
 
+from cli_support import run_cli
 from gradsift.lab import checkpoint
 
 DEADLINE_S = 240
@@ -23,15 +24,6 @@ def gradsift(*args, timeout=DEADLINE_S):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
-
-
-def test_train_nproc_2_writes_one_record(tmp_path):
-    gradsift(*TRAIN, "--epochs", "1", "--nproc", "2", "--out", str(tmp_path))
-    record = json.loads((tmp_path / "result.json").read_text())
-    assert record["world_size"] == 2 and record["method"] == "snip"
-    # 11 steps, 2 of them dense warm-up: well above 1, far below a compressed step's 33
-    assert record["compression_ratio"] > 2 and 0.0 <= record["test_accuracy"] <= 1.0
-    assert len(record["history"]) == 1
 
 
 def _interrupt_after_first_checkpoint(args, directory):
@@ -54,10 +46,15 @@ def _interrupt_after_first_checkpoint(args, directory):
         proc.wait()
 
 
-def test_data_parallel_resume_equals_uninterrupted(tmp_path):
+def test_train_nproc_2_writes_one_record_and_resumes_as_if_uninterrupted(tmp_path):
     args = [*TRAIN, "--epochs", "3", "--batch-size", "8", "--nproc", "2"]
     full, cut = tmp_path / "full", tmp_path / "cut"
-    gradsift(*args, "--checkpoint", str(full))
+    gradsift(*args, "--checkpoint", str(full), "--out", str(tmp_path))
+    record = json.loads((tmp_path / "result.json").read_text())
+    assert record["world_size"] == 2 and record["method"] == "snip"
+    # 2 of its steps dense warm-up: well above 1, far below a compressed step's 33
+    assert record["compression_ratio"] > 2 and 0.0 <= record["test_accuracy"] <= 1.0
+    assert len(record["history"]) == 3
     _interrupt_after_first_checkpoint([*args, "--checkpoint", str(cut)], cut)
     interrupted = torch.load(cut / checkpoint.FILENAME, weights_only=True)
     assert interrupted["epoch"] < 3, "the run must have been cut short"
@@ -170,11 +167,6 @@ def test_train_fsdp_on_2_ranks_keeps_the_pruned_weights_at_zero(tmp_path):
     assert 0.0 <= record["test_accuracy"] <= 1.0 and len(record["history"]) == 1
 
 
-def test_train_fsdp_needs_several_ranks():
-    proc = subprocess.run(
-        [sys.executable, "-m", "gradsift", "train", "--fsdp", "--epochs", "1"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert proc.returncode != 0 and "--fsdp shards over several ranks" in proc.stderr
+def test_train_fsdp_needs_several_ranks(capsys):
+    code, err = run_cli(["train", "--fsdp", "--epochs", "1"], capsys)
+    assert code == 2 and len(err) == 1 and "--fsdp shards over several ranks" in err[0], err
