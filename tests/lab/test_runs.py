@@ -121,15 +121,6 @@ def test_run_many_in_order_yields_the_specs_order_from_worker_processes():
     assert [len(r["history"]) for r in got] == [6, 1, 1]
 
 
-def test_keys_of_older_results_still_match():
-    old = RunSpec(method="snip", sparsity=0.9, shuffle=True)
-    assert old.key() == "lenet5|digits|snip|0.9|1|1|0|10|None|None|1|0.05|64"
-    assert RunSpec(method="snip", sparsity=0.9, sanity="shuffle-layer").key() == old.key()
-    assert RunSpec(method="snip", sparsity=0.9).key().endswith("|0.05|64")
-    erk = RunSpec(method="snip", sparsity=0.9, allocation="erk", sanity="reinit").key()
-    assert erk.endswith("|0.05|64|budget=erk|sanity=reinit")  # the old spelling, kept
-
-
 def test_sweep_in_worker_processes_matches_one_process(tmp_path):
     def spec(method, seed):
         return RunSpec(
