@@ -24,6 +24,7 @@ from gradsift import TopK, masks_from_scores, prune_at_init, sparsify_grads_, to
 from gradsift.distributed import TopKHookState, compress_, encoding as wire
 from gradsift.pruning.sanity import SANITY
 from gradsift.select import topk_mask
+from gradsift.select.exact import CHUNK
 from pruning_support import DictModel, convnet, dict_data
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
@@ -42,7 +43,8 @@ def reference_topk(x: torch.Tensor, k: int, absolute: bool) -> torch.Tensor:
     return torch.sort(order).values
 
 
-@pytest.mark.parametrize("n", [1_000, 100_000, 3_000_000])  # dense, sampled, chunked
+# dense, sampled, and chunked (a whole chunk and a part of one)
+@pytest.mark.parametrize("n", [1_000, 100_000, CHUNK + CHUNK // 4])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 @pytest.mark.parametrize("absolute", [True, False])
 def test_selection_makes_nothing_off_the_input_device(n, dtype, absolute):
