@@ -19,14 +19,26 @@ MAX_MODULE_LINES = 300
 MAX_FUNCTION_LINES = 60  # of code: a docstring is read apart from it
 
 
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(SRC.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+NAMES = {_module_name(p): p for p in MODULES}
+
+
 def _imports(path: Path) -> set[str]:
+    """What ``path`` imports anywhere (at the top, in a function, under
+    ``TYPE_CHECKING``): ``from p import m`` names the package's module ``p.m`` where
+    there is one, else ``p`` (for a package, its face, which every import of one of
+    its submodules runs anyway)."""
     names = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             names |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module:
-            names.add(node.module)
-            names |= {f"{node.module}.{a.name}" for a in node.names}
+            names |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in NAMES
+                      else node.module for a in node.names}  # fmt: skip
     return names
 
 
@@ -40,26 +52,9 @@ def test_library_never_imports_the_lab(path):
     assert not lab, f"{path.name} imports {lab}"
 
 
-def _module_name(path: Path) -> str:
-    parts = path.relative_to(SRC.parent).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-NAMES = {_module_name(p): p for p in MODULES}
-
-
 def _imported_modules(path: Path) -> set[str]:
-    """The package's modules that ``path`` imports anywhere (at the top, in a function,
-    under ``TYPE_CHECKING``): ``from p import m`` names the module ``p.m`` where there
-    is one, else ``p`` (a package's face, which every submodule's import runs anyway)."""
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            found |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            found |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in NAMES
-                      else node.module for a in node.names}  # fmt: skip
-    return (found & NAMES.keys()) - {_module_name(path)}
+    """The package's modules that ``path`` imports (``_imports``), itself left out."""
+    return (_imports(path) & NAMES.keys()) - {_module_name(path)}
 
 
 def _loops(graph: dict[str, set[str]]) -> list[list[str]]:

@@ -22,7 +22,7 @@ PNG = b"\x89PNG\r\n\x1a\n"
 def test_quick_study(study, tmp_path, capsys, monkeypatch, request):
     if study == "speed":  # the iteration bench's rows come from its own test's one run
         rows = request.getfixturevalue("quick_iteration_rows")
-        bench, columns = BENCHES["iteration"]
+        columns = BENCHES["iteration"][1]
 
         def iteration(**kwargs):
             assert kwargs == _QUICK["iteration"]
