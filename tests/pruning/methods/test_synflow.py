@@ -128,6 +128,25 @@ def test_scores_equal_autograd_bit_for_bit(method, power, case):
         torch.testing.assert_close(p, before[n], rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("method, power", [("synflow", 1), ("synflow_l2", 2)])
+@pytest.mark.parametrize("case", ["mlp", "sequence"])
+def test_biases_of_plain_linear_layers_score_zero(method, power, case):
+    """Biases carry no flow (zero in the linearised network), so a bias named in
+    ``params=`` scores 0; its weight's score is the same as without it. A plain
+    ``nn.Linear`` scores in its own backward, which must still pass the bias its
+    gradient (it once returned none, and the bias "did not reach the output")."""
+    torch.manual_seed(1)
+    model, shape = (mlp(), (12,)) if case == "mlp" else (Sequence(), (5, 6))
+    scores = gradsift.score(model, method, input_shape=shape, params=lambda n, m, t: True)
+    expected = autograd_reference(model, shape, power)
+    biases = [n for n, _ in model.named_parameters() if n.endswith("bias")]
+    assert biases and set(scores) == set(expected) | set(biases)
+    for n in expected:
+        torch.testing.assert_close(scores[n], expected[n], rtol=0, atol=0, msg=n)
+    for n in biases:
+        assert scores[n].shape == model.get_parameter(n).shape and not scores[n].any()
+
+
 class Dangling(nn.Module):
     def __init__(self):
         super().__init__()

@@ -8,7 +8,9 @@ multiply it in. ``ScoringLinear`` computes the input's gradient ``g φ`` first, 
 multiplies ``φ`` in place by ``G`` a block of rows at a time (each entry the same
 single product ``g_i x_j`` that the matrix product rounds once, so the scores are
 bit for bit autograd's), and returns no weight gradient. With several input rows
-(a sequence) it forms ``G`` with one matrix product, as autograd does.
+(a sequence) it forms ``G`` with one matrix product, as autograd does. A bias that
+is scored too (a zero parameter: it carries no flow) gets its gradient, the sum of
+``g`` over rows, so that it is scored (0) and seen to reach the output.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class ScoringLinear(torch.autograd.Function):
     def backward(ctx, gy):
         x, phi = ctx.saved_tensors
         gx = gy.matmul(phi) if ctx.needs_input_grad[0] else None  # before φ is overwritten
+        gb = gy.reshape(-1, phi.shape[0]).sum(0) if ctx.needs_input_grad[2] else None
         with torch.no_grad():
             g2, x2 = gy.reshape(-1, phi.shape[0]), x.reshape(-1, phi.shape[1])
             if g2.shape[0] == 1:
@@ -51,7 +54,7 @@ class ScoringLinear(torch.autograd.Function):
             else:
                 (phi.sqrt_() if ctx.power == 2 else phi).mul_(g2.t().mm(x2))
         ctx.done()
-        return gx, None, None, None, None
+        return gx, None, gb, None, None
 
 
 def scoring_forward(module: nn.Linear, power: int, done):
