@@ -3,14 +3,16 @@
 
 import copy
 import io
+import types
 
 import pytest
 import torch
+from torch import nn
 from torch.nn.utils import prune
 
 import gradsift
 from gradsift import prune_at_init
-from pruning_support import BNNet, assert_same, batches, convnet, convnet_data, snapshot
+from pruning_support import BNNet, assert_same, batches, convnet, convnet_data, mlp, snapshot
 
 METHODS = gradsift.list_methods()
 
@@ -71,3 +73,32 @@ def test_iterative_pruning_is_exact_for_every_method(method):
     masks = prune_at_init(model, method, 0.9, convnet_data(), iterations=3)
     total = sum(m.numel() for m in masks.values())
     assert sum(int(m.sum()) for m in masks.values()) == total - round(0.9 * total)
+
+
+def _tripled(self, x):
+    return nn.functional.linear(x, self.weight, self.bias) * 3.0
+
+
+class Tripled(nn.Linear):
+    forward = _tripled
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_forward_set_on_a_linear_instance_is_the_one_scored(method):
+    """A ``forward`` set on an ``nn.Linear`` instance (as accelerate's hooks do) is the
+    layer's map: the scores equal those of the same network built from a ``Linear``
+    subclass with that forward. SNIP and SynFlow swap their own forward into plain
+    ``Linear`` layers, and once did so over the instance's, scoring another network."""
+    hooked, subclassed = mlp(), mlp()
+    for i in (1, 3, 5):
+        hooked[i].forward = types.MethodType(_tripled, hooked[i])
+        tripled = Tripled(subclassed[i].in_features, subclassed[i].out_features)
+        subclassed[i] = tripled.to(torch.float64)
+    subclassed.load_state_dict(hooked.state_dict())
+    data = batches(7)  # GraSP's class-balanced sample: 25 of each class
+    got, want = [], []
+    for model, out in ((hooked, got), (subclassed, want)):
+        torch.manual_seed(0)
+        out.append(gradsift.score(model, method, data))
+    for name in want[0]:
+        torch.testing.assert_close(got[0][name], want[0][name], rtol=0, atol=0, msg=name)

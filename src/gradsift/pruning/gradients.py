@@ -28,7 +28,7 @@ import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
 from gradsift.pruning.flat import flat_like
-from gradsift.pruning.params import leaves, mask_of
+from gradsift.pruning.params import is_plain_linear, leaves, mask_of
 
 __all__ = ["AccumulatingLinear", "GradBuffers"]
 
@@ -67,7 +67,7 @@ class GradBuffers:
         self._scale = [1.0]
         self._patched = []
         for module, attr in targets.values():
-            if type(module) is nn.Linear and attr == "weight" and mask_of(module, attr) is None:
+            if is_plain_linear(module) and attr == "weight" and mask_of(module, attr) is None:
                 module.forward = _accumulating_forward(module, self._scale)
                 self._patched.append(module)
 

@@ -26,6 +26,7 @@ __all__ = [
     "device_of",
     "effective",
     "is_conv1d",
+    "is_plain_linear",
     "leaves",
     "mask_of",
     "original",
@@ -48,6 +49,14 @@ _ATTENTION_WEIGHTS = ("in_proj_weight", "q_proj_weight", "k_proj_weight", "v_pro
 
 # below this fraction of the model's parameters, the default selection warns
 DEFAULT_COVERAGE = 0.5
+
+
+def is_plain_linear(module: nn.Module) -> bool:
+    """Whether ``module`` computes exactly ``nn.Linear.forward``: an ``nn.Linear`` (not
+    a subclass) with no ``forward`` set on the instance (accelerate's and similar hooks
+    set one). Only then may a criterion swap in a forward of its own that forms the
+    weight's gradient differently and computes the same map."""
+    return type(module) is nn.Linear and "forward" not in vars(module)
 
 
 def is_conv1d(module: nn.Module) -> bool:

@@ -32,7 +32,7 @@ from gradsift.pruning.flat import flat_views
 from gradsift.pruning.inputs import real_inputs, refuse_token_ids
 from gradsift.pruning.keep_where import keep_where_
 from gradsift.pruning.methods._linear_flow import scoring_forward
-from gradsift.pruning.params import mask_of, original, owners
+from gradsift.pruning.params import is_plain_linear, mask_of, original, owners
 
 __all__ = ["BIASES", "Linearised", "input_shape_of", "linearise_norm_"]
 
@@ -69,7 +69,7 @@ class Linearised:
             held = holders[id(original(module, attr))]
             for m, a in held:  # every holder of a tie
                 _unprune_(m, a, phi)
-            if type(module) is nn.Linear and attr == "weight" and len(held) == 1:
+            if is_plain_linear(module) and attr == "weight" and len(held) == 1:
                 # no reference to self from the copy: no cycle keeping φ alive
                 done = functools.partial(_reach, self.reached, self.names, method, i)
                 module.forward = scoring_forward(module, power, done)
