@@ -163,6 +163,34 @@ def test_hook_compression_makes_nothing_off_the_grads_device(encoding):
     torch.testing.assert_close(sent, values, rtol=0, atol=0)
 
 
+def test_the_ddp_hook_makes_nothing_off_the_grads_device(one_rank):
+    """The whole hook in a one-rank DDP world (its header's all-gather included: NCCL
+    refuses a CPU buffer for CUDA gradients), bit for bit the run made without meta."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from gradsift.distributed import topk_hook
+
+    gen = torch.Generator().manual_seed(0)
+    batches = [torch.randn(16, 64, generator=gen) for _ in range(4)]
+
+    def on_meta_hook(state, bucket):
+        return on_meta_default(topk_hook, state, bucket)
+
+    params = []
+    for hook in (topk_hook, on_meta_hook):
+        model = DistributedDataParallel(_mlp())
+        state = TopKHookState(density=0.01, start_iter=1)  # a dense step, then sparse
+        model.register_comm_hook(state, hook)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x in batches:
+            opt.zero_grad()
+            model(x).square().mean().backward()
+            opt.step()
+        params.append([p.detach() for p in model.parameters()])
+    for got, want in zip(*params):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
 def test_masks_from_scores_makes_nothing_off_the_scores_device():
     gen = torch.Generator().manual_seed(0)
     scores = {"a.weight": torch.randn(100_000, generator=gen), "b.weight": torch.randn(50, 8)}

@@ -118,15 +118,6 @@ def test_a_rank_that_raises_fails_the_other_with_an_error():
     assert rank == 0 and message != "no error" and seconds < 60, message
 
 
-@pytest.fixture
-def one_rank():
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
-    yield
-    dist.destroy_process_group()
-
-
 def test_hook_on_one_rank_equals_the_topk_wrapper(one_rank):
     """The same maths, one implementation: DDP + hook (momentum correction, inner SGD
     without momentum) vs TopK(SGD, momentum_correction) in one process."""

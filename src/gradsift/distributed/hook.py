@@ -150,9 +150,10 @@ def _exchange_header(state: TopKHookState, flat, layout, world) -> bool:
             -1 if state.world_size is None else state.world_size,
         ],
         dtype=torch.int64,
+        device=flat.device,  # NCCL gathers CUDA tensors only
     )
     gathered = [torch.empty_like(header) for _ in range(world)]
-    dist.all_gather(gathered, header.to(flat.device), group=state.process_group)
+    dist.all_gather(gathered, header, group=state.process_group)
     state.bytes_sent += header.numel() * header.element_size()
     rows = torch.stack([g.cpu() for g in gathered])
     _check_owners(rows[:, 5].tolist(), rows[:, 6].tolist(), world)
