@@ -8,11 +8,14 @@ inputs are built on the CPU, then the library runs with the *default* device set
 mixing it with the CPU inputs raises ("Tensor on device meta is not on the expected
 device cpu"), or reading it raises ("Cannot copy out of meta tensor"). A tensor made
 deliberately on the host (a seeded CPU generator's draw, then moved) names
-``device="cpu"``. ``tests/pruning/test_devices.py`` reads the pruning sources for the
-same mistake; ``tests/pruning/test_cuda.py`` and ``tests/gpu`` run on a GPU.
+``device="cpu"``. ``test_no_tensor_factory_ignores_the_device`` reads the package's
+sources for the same mistake; ``tests/pruning/test_cuda.py`` and ``tests/gpu`` run on
+a GPU.
 """
 
+import ast
 import importlib.util
+import pathlib
 import warnings
 
 import pytest
@@ -244,3 +247,52 @@ def test_sanity_variants_make_nothing_off_the_models_device(sanity):
     gen = torch.Generator().manual_seed(0)
     data = [(torch.randn(30, 1, 6, 6, generator=gen), torch.arange(30) % 3)]
     on_meta_default(prune_at_init, model, "snip", 0.8, data, sanity=sanity, generator=gen)
+
+
+PACKAGE = pathlib.Path(gradsift.__file__).parent
+# made on the host by design: benchmark inputs, datasets, and a model's shape probe
+HOST_SIDE = ("lab/bench/", "lab/data.py", "lab/models.py")
+SOURCES = [
+    p for p in sorted(PACKAGE.rglob("*.py"))
+    if not p.relative_to(PACKAGE).as_posix().startswith(HOST_SIDE)
+]  # fmt: skip
+FACTORIES = {
+    "tensor", "as_tensor", "zeros", "ones", "empty", "full", "arange", "linspace", "eye",
+    "rand", "randn", "randint", "randperm",
+}  # fmt: skip
+
+
+def _placed(node: ast.Call, parents: dict) -> bool:
+    """The factory call names a device, or its value is moved with ``.to(...)`` or
+    copied into an existing tensor (``t.copy_(...)``) within the same expression."""
+    if any(kw.arg == "device" for kw in node.keywords):
+        return True
+    child, parent = node, parents.get(node)
+    while parent is not None:
+        if isinstance(parent, ast.Call) and child in parent.args:
+            func = parent.func
+            return isinstance(func, ast.Attribute) and func.attr == "copy_"
+        if isinstance(parent, ast.Attribute) and parent.attr == "to":
+            return True
+        if not isinstance(parent, (ast.Attribute, ast.Call)):
+            return False
+        child, parent = parent, parents.get(parent)
+    return False
+
+
+def test_no_tensor_factory_ignores_the_device():
+    unplaced = []
+    for path in SOURCES:
+        tree = ast.parse(path.read_text())
+        parents = {c: p for p in ast.walk(tree) for c in ast.iter_child_nodes(p)}
+        for node in ast.walk(tree):
+            func = node.func if isinstance(node, ast.Call) else None
+            if (
+                isinstance(func, ast.Attribute)
+                and func.attr in FACTORIES
+                and isinstance(func.value, ast.Name)
+                and func.value.id == "torch"
+                and not _placed(node, parents)
+            ):
+                unplaced.append(f"{path.relative_to(PACKAGE)}:{node.lineno} torch.{func.attr}")
+    assert not unplaced, f"tensors made without the input's device: {unplaced}"

@@ -1,65 +1,17 @@
 """Guards against tensors made on the CPU for a model elsewhere, runnable on the CPU.
 
-A cpu/cuda mix cannot happen on a CPU-only machine, so these check the two things
-that caused it: a tensor factory in ``gradsift.pruning`` called without the input's
-device (and not moved to it), and an infinite key reaching the selection (the
-sampled bracket of ``gradsift.select`` turned a ``-inf`` key into a ``nextafter`` of a
-CPU constant and a CUDA value). ``test_cuda.py`` runs every method on a GPU.
+A cpu/cuda mix cannot happen on a CPU-only machine. Of the two things that caused it
+in pruning, a tensor factory called without the input's device is checked over the
+whole package in ``tests/test_device_following.py``; here, an infinite key reaching
+the selection (the sampled bracket of ``gradsift.select`` turned a ``-inf`` key into
+a ``nextafter`` of a CPU constant and a CUDA value). ``test_cuda.py`` runs every
+method on a GPU.
 """
-
-import ast
-import pathlib
 
 import torch
 
 import gradsift
 from gradsift.pruning import masks as masks_module
-
-SOURCES = [
-    *sorted(pathlib.Path(gradsift.pruning.__file__).parent.rglob("*.py")),
-    pathlib.Path(gradsift.__file__).parent / "budget.py",
-    pathlib.Path(gradsift.__file__).parent / "checks.py",
-]
-FACTORIES = {
-    "tensor", "as_tensor", "zeros", "ones", "empty", "full", "arange", "linspace", "eye",
-    "rand", "randn", "randint", "randperm",
-}  # fmt: skip
-
-
-def _placed(node: ast.Call, parents: dict) -> bool:
-    """The factory call names a device, or its value is moved with ``.to(...)`` or
-    copied into an existing tensor (``t.copy_(...)``) within the same expression."""
-    if any(kw.arg == "device" for kw in node.keywords):
-        return True
-    child, parent = node, parents.get(node)
-    while parent is not None:
-        if isinstance(parent, ast.Call) and child in parent.args:
-            func = parent.func
-            return isinstance(func, ast.Attribute) and func.attr == "copy_"
-        if isinstance(parent, ast.Attribute) and parent.attr == "to":
-            return True
-        if not isinstance(parent, (ast.Attribute, ast.Call)):
-            return False
-        child, parent = parent, parents.get(parent)
-    return False
-
-
-def test_no_tensor_factory_in_pruning_ignores_the_device():
-    unplaced = []
-    for path in SOURCES:
-        tree = ast.parse(path.read_text())
-        parents = {c: p for p in ast.walk(tree) for c in ast.iter_child_nodes(p)}
-        for node in ast.walk(tree):
-            func = node.func if isinstance(node, ast.Call) else None
-            if (
-                isinstance(func, ast.Attribute)
-                and func.attr in FACTORIES
-                and isinstance(func.value, ast.Name)
-                and func.value.id == "torch"
-                and not _placed(node, parents)
-            ):
-                unplaced.append(f"{path.name}:{node.lineno} torch.{func.attr}")
-    assert not unplaced, f"tensors made without the input's device: {unplaced}"
 
 
 def test_no_infinite_key_reaches_the_selection(monkeypatch):

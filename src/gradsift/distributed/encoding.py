@@ -56,7 +56,7 @@ def choose(encoding: str, n: int, k: int) -> str:
 
 def message_bytes(encoding: str, n: int, k: int, value_dtype: torch.dtype) -> int:
     """The size of one rank's message (after ``choose``)."""
-    return _index_bytes(encoding, n, k) + k * torch.empty(0, dtype=value_dtype).element_size()
+    return _index_bytes(encoding, n, k) + k * value_dtype.itemsize
 
 
 def _as_bytes(t: torch.Tensor) -> torch.Tensor:

@@ -109,7 +109,7 @@ def _prunes_afresh(method: str) -> bool:
 def _all_kept(model) -> dict:
     """The masks at compression 1 without running a method: a whole pruning run of a
     method that prunes afresh (minutes for FORCE on VGG-16) would keep them anyway."""
-    return {n: torch.ones(original(m, a).shape, dtype=torch.bool)
+    return {n: torch.ones_like(original(m, a), dtype=torch.bool)
             for n, (m, a) in prunable(model, warn=False).items()}  # fmt: skip
 
 
