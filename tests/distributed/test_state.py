@@ -15,20 +15,33 @@ def _residual(state):
 
 @pytest.mark.parametrize(
     "dtype, value_dtype",
-    [(torch.float64, None), (torch.float32, torch.bfloat16), (torch.float32, torch.float16)],
+    [
+        (torch.float64, None),
+        (torch.float32, torch.bfloat16),
+        (torch.float32, torch.float16),
+        (torch.float64, torch.float32),
+        (torch.bfloat16, torch.float16),  # 65504 is no bfloat16: 65280 is the top of both
+        (torch.float16, torch.bfloat16),  # 65440..65504 round to bfloat16's 65536
+        (torch.float16, torch.float32),
+    ],
 )
 def test_compress_conserves_mass_exactly(dtype, value_dtype):
     state = TopKHookState(density=0.1, value_dtype=value_dtype)
     gen = torch.Generator().manual_seed(0)
     total_in = torch.zeros(500, dtype=torch.float64)
     total_sent = torch.zeros(500, dtype=torch.float64)
+    top = torch.finfo(dtype).max
     for step in range(20):
-        g = torch.randn(500, generator=gen, dtype=dtype) * 10.0 ** (step % 6)  # past fp16 range
         before = _residual(state)
-        before = torch.zeros_like(g) if before is None else before.clone()
+        before = torch.zeros(500, dtype=dtype) if before is None else before.clone()
+        scale = (1.0, 10.0, 1e2, 1e3, 1e4, 4e4)[step % 6]  # 4e4: around float16's top
+        g = torch.randn(500, generator=gen, dtype=torch.float64) * scale
+        room = 0.99 * top - before.double().abs()  # r + g stays finite in float16
+        g = torch.minimum(torch.maximum(g, -room), room).to(dtype)
         idx, vals = compress_(state, g, KEYS, SIZES)
         assert idx.numel() == 50 and vals.dtype == (value_dtype or dtype)
         sent = torch.zeros_like(g).index_add_(0, idx, vals.to(dtype))  # decoded
+        assert torch.isfinite(sent).all() and torch.isfinite(_residual(state)).all()
         torch.testing.assert_close(sent + _residual(state), before + g, rtol=0, atol=0)
         total_in += g.double()
         total_sent += sent.double()
@@ -43,6 +56,25 @@ def test_fp16_values_beyond_its_range_stay_behind_exactly():
     assert idx.tolist() == [0, 1, 2]
     assert vals.float().tolist() == [65504.0, -65504.0, 0.0]
     assert state.residual.tolist() == [1e5 - 65504.0, -7e4 + 65504.0, 1e9, 0.5]
+
+
+@pytest.mark.parametrize(
+    "dtype, value_dtype, g, sent",
+    [  # 65280 is the largest value finite in float16 and bfloat16 alike
+        (torch.bfloat16, torch.float16, [65504, -1.3e5, 3e5, 0.5], [65280, -65280, 0]),
+        (torch.float16, torch.bfloat16, [65504, -65440, 65000, 0.5], [65280, -65280, 65024]),
+    ],
+)
+def test_between_16_bit_dtypes_the_top_of_both_is_sent(dtype, value_dtype, g, sent):
+    """What lies above the top of both dtypes stays behind, and above twice it all of
+    it stays (so the difference is exact); below it the value is rounded as usual."""
+    state = TopKHookState(k=3, value_dtype=value_dtype)
+    g = torch.tensor(g, dtype=torch.float64).to(dtype)
+    idx, vals = compress_(state, g, [(0, 0)], [4])
+    assert idx.tolist() == [0, 1, 2] and vals.double().tolist() == sent
+    want = g.double()
+    want[:3] -= torch.tensor(sent, dtype=torch.float64)
+    assert state.residual.double().tolist() == want.tolist()
 
 
 def test_a_state_of_another_model_is_refused():

@@ -26,6 +26,8 @@ restarting the error-feedback memory at zero).
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.distributed as dist
 
@@ -57,7 +59,9 @@ class TopKHookState(HasBudget):
         process_group: the group to communicate in (default: the world).
         encoding: wire format, ``gradsift.distributed.encoding`` (default ``"auto"``).
         value_dtype: send values as ``torch.bfloat16``/``torch.float16`` (the rounding
-            error stays in the residual) or as the gradient's dtype (None).
+            error stays in the residual; a value beyond the largest one finite in both
+            the gradient's dtype and this is sent as that, the rest stays) or as the
+            gradient's dtype (None).
         momentum_correction: DGC momentum ``m``; the inner optimizer then has none.
         warmup: a density schedule, ``gradsift.distributed.warmup`` (``dgc_warmup``).
         clip_norm: DGC's local gradient clipping at ``clip_norm / sqrt(world)``.
@@ -242,15 +246,25 @@ def compress_into_(state: TopKHookState, work: torch.Tensor, k: int, *, rounded:
 
 
 def _round(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``values`` in ``dtype``; past float16's range the largest finite value is sent
-    (the rest stays behind) up to twice it, and nothing beyond (all stays behind),
-    so that ``values - sent`` is always exact."""
-    if dtype != torch.float16:
+    """``values`` in ``dtype``. Past ``top``, the largest value finite and exact in both
+    dtypes (65504 from float32 to float16; 65280 between float16 and bfloat16, where
+    65504 is no bfloat16 and float16's 65440 rounds to bfloat16's 65536), ``top`` is
+    sent and the rest stays behind, up to twice it, and nothing beyond (all stays
+    behind): so ``values - sent`` is always exact and finite (Sterbenz)."""
+    top = _top_of_both(values.dtype, dtype)
+    if top >= torch.finfo(values.dtype).max:  # every finite value rounds to a finite one
         return values.to(dtype)
-    top = torch.finfo(torch.float16).max
     clipped = values.clamp(-top, top)
     clipped = torch.where(values.abs() > 2 * top, torch.zeros_like(values), clipped)
     return clipped.to(dtype)
+
+
+def _top_of_both(a: torch.dtype, b: torch.dtype) -> float:
+    """The largest value finite in both floating dtypes and exact in each:
+    ``(2 - eps) * 2^e``, the coarser one's ``eps`` and the smaller largest exponent."""
+    fa, fb = torch.finfo(a), torch.finfo(b)
+    exponent = min(math.floor(math.log2(fa.max)), math.floor(math.log2(fb.max)))
+    return (2.0 - max(fa.eps, fb.eps)) * 2.0**exponent
 
 
 def match_layout_(state: TopKHookState, grad: torch.Tensor, layout: list) -> None:
