@@ -155,3 +155,36 @@ def test_hook_k_larger_than_the_model_is_an_error_naming_both_numbers(one_rank):
     x, y = dist_workers.batch(0, 0)
     with pytest.raises(ValueError, match=rf"k=1000000000 .* the model's {n} coordinates"):
         nn.functional.cross_entropy(ddp(x), y).backward()
+
+
+class TwoDtypes(torch.nn.Module):
+    """A float64 layer and a float32 one: DDP gives each dtype buckets of its own."""
+
+    def __init__(self, wide_first: bool):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b = torch.nn.Linear(20, 32), torch.nn.Linear(32, 5)
+        (self.a if wide_first else self.b).double()
+
+    def forward(self, x):
+        h = torch.relu(self.a(x.to(self.a.weight.dtype)))
+        return self.b(h.to(self.b.weight.dtype)).double()
+
+
+@pytest.mark.parametrize("wide_first", [True, False])
+def test_hook_keeps_every_dtype_of_a_mixed_model_exact(one_rank, wide_first):
+    """At density 1 on one rank the hook hands back each gradient unchanged: the
+    model's vector is in the widest dtype (it was the first bucket's, which rounded
+    the float64 layer's gradient to float32 in one of the two orders)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from gradsift.distributed import TopKHookState, topk_hook
+
+    plain, hooked = TwoDtypes(wide_first), DistributedDataParallel(TwoDtypes(wide_first))
+    hooked.register_comm_hook(TopKHookState(density=1.0, start_iter=0), topk_hook)
+    x, y = dist_workers.batch(0, 0)
+    for model in (plain, hooked):
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+    for p, q in zip(plain.parameters(), hooked.parameters()):
+        assert q.grad.dtype == p.dtype
+        torch.testing.assert_close(q.grad, p.grad, rtol=0, atol=0)

@@ -4,7 +4,8 @@ Deep Gradient Compression (Lin, Han, Mao, Wang & Dally, ICLR 2018, arXiv:1712.01
 sends only the largest gradient coordinates and accumulates the rest locally
 (``gradsift.distributed.state`` has the maths). The selection is over the whole
 model, as ``TopK``'s: every bucket's gradient is held until DDP hands over the last
-one; then, on every rank, in the same order:
+one and concatenated in one vector (in the widest of the buckets' dtypes: DDP buckets
+each dtype apart); then, on every rank, in the same order:
 
 1. a small all-gather of a header (finite flag, iteration, size, layout): a rank
    whose state does not match the others' is an error on every rank, and a
@@ -28,6 +29,8 @@ The dense path of the first ``start_iter`` iterations is torch's own
 
 # No ``from __future__ import annotations`` here: DDP checks the hook's return
 # annotation against the real ``torch.futures.Future[torch.Tensor]`` object.
+import functools
+
 import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -94,7 +97,10 @@ def _finish(state: TopKHookState, stash) -> None:
     world = dist.get_world_size(group)
     entries = _layout(stash)
     parts = [stash[slot][0][off : off + size] for _, size, slot, off in entries]
-    flat = torch.cat(parts, out=state.flat_buffer(parts[0], sum(p.numel() for p in parts)))
+    # DDP buckets each dtype apart: the vector is in the one every part converts to exactly
+    dtype = functools.reduce(torch.promote_types, {p.dtype for p in parts})
+    n = sum(p.numel() for p in parts)
+    flat = torch.cat(parts, out=state.flat_buffer(n, dtype, parts[0].device))
     n, element = flat.numel(), flat.element_size()
     state.bytes_dense += n * element
     finite = _exchange_header(state, flat, [(key, size) for key, size, _, _ in entries], world)
