@@ -25,6 +25,11 @@ peer", a timeout) into every bucket's future, never a decoding error.
 
 The dense path of the first ``start_iter`` iterations is torch's own
 ``allreduce_hook`` per bucket.
+
+Not for a parameter that no rank uses in a step (``find_unused_parameters=True``):
+DDP leaves its ``.grad`` alone and drops the bucket's slot for it, and with it any
+residual the selection took from there. The hook cannot see DDP's map of unused
+parameters; ``TopK`` on each rank skips a parameter without a gradient instead.
 """
 
 # No ``from __future__ import annotations`` here: DDP checks the hook's return
