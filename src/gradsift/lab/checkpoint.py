@@ -5,7 +5,13 @@ One file, ``DIR/checkpoint.pt``, written atomically by rank 0 after every epoch,
 the run's key (``RunSpec.key``): a checkpoint of another run is refused. Each
 rank's own state (its hook residuals, its RNG, its loader's shuffle generator) is
 gathered into it, so the file is always one consistent snapshot of every rank, and a
-resumed run continues bit for bit on CPU.
+resumed run continues bit for bit on CPU: on one or two ranks, and with the top-k hook
+on any number. From three ranks, a run whose DDP all-reduces bucket by bucket
+(``--comm allreduce``, ``fp16``, ``powersgd``, and the top-k hook's dense warm-up) may
+differ in the last bits after a resume: a fresh DDP lays its first step's buckets out
+otherwise than the rebuilt layout of the run it resumes, and the order in which gloo
+sums an element over three or more ranks depends on the element's position. The
+top-k hook reduces one vector in the parameters' order, whatever the buckets.
 """
 
 from __future__ import annotations

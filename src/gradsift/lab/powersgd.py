@@ -10,7 +10,9 @@ parameters' coordinates, without an error. ``PowerSGDRunState`` records which
 parameters each bucket holds (``layouts``) and, where a bucket's layout changes,
 cuts every memory into per-parameter pieces and joins them again in the new order.
 Every PowerSGD operation acts on one tensor at a time (the all-reduces are
-element-wise), so a step is the same computation in any layout, bit for bit.
+element-wise), so a step is the same computation in any layout, bit for bit, on two
+ranks; from three, the order in which gloo sums an element depends on its position
+in the buffer, and a resumed run may differ in the last bits (``lab.checkpoint``).
 """
 
 from __future__ import annotations
