@@ -172,7 +172,12 @@ def test_given_block_keys_large_k_reads_blocks_not_everything(monkeypatch):
 
 
 def _too_high(values):
-    return math.inf if values.is_floating_point() else torch.iinfo(values.dtype).max
+    """Above every finite key: inf, or inf's bits where block keys are bit patterns (an
+    integer key above those is a NaN's, which says that ``x`` holds a NaN)."""
+    if values.is_floating_point():
+        return math.inf
+    floats = {torch.int32: torch.float32, torch.int64: torch.float64}[values.dtype]
+    return int(torch.tensor(math.inf, dtype=floats).view(values.dtype))
 
 
 @pytest.mark.parametrize("k", [500, 30_000])  # block path, direct path
@@ -210,6 +215,20 @@ def test_nan_raises_with_count(n, where):
     x[1] = float("nan")
     with pytest.raises(ValueError, match="2 NaN"):
         topk_indices(x, 5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("absolute", [True, False])
+def test_many_nans_raise_though_the_tail_holds_k(dtype, absolute):
+    """With NaN in a tenth of the entries the sampled threshold is itself NaN (as a
+    block key, NaN's bits rank above inf's). It once let the ``n % 32`` tail past the
+    threshold as the whole answer: a silent top-k of three tail entries."""
+    n = 100_003  # a tail of 3 entries after the last whole block
+    x = torch.randn(n, generator=torch.Generator().manual_seed(6)).to(dtype)
+    x[: n - 3 : 10] = float("nan")
+    for k in (1, 3):
+        with pytest.raises(ValueError, match="10000 NaN"):
+            topk_indices(x, k, absolute=absolute)
 
 
 @pytest.mark.parametrize("n", [10, 300_000])

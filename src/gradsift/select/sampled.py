@@ -151,6 +151,8 @@ def _from_blocks(x: torch.Tensor, keys: torch.Tensor, tk, absolute: bool):
     nbody = keys.numel() * BLOCK
     rows = x[:nbody].view(-1, BLOCK)
     t = _as_float(tk, keys, x.dtype)
+    if math.isnan(t):  # sampled from a NaN; as bits NaN ranks above inf, so no key is
+        raise NaNError  # "above" it, and the tail would pass a NaN threshold whole
     # ``~(m <= tk)``: with float keys a NaN block (whose key is NaN) is gathered too
     blocks = torch.nonzero(torch.le(keys, tk).logical_not_()).squeeze(1)
     pos, vals = _above(key(torch.index_select(rows, 0, blocks), absolute).flatten(), t)
