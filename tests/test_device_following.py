@@ -144,12 +144,18 @@ def test_topk_step_makes_nothing_off_the_parameters_device(case):
 
 
 def test_sparsify_grads_makes_nothing_off_the_grads_device():
-    grads = [torch.randn(1000), torch.randn(50, 30, dtype=torch.float64)]
-    expected = [g.clone() for g in grads]
+    gen = torch.Generator().manual_seed(0)
+    grads = [torch.randn(100_000, generator=gen), torch.randn(50, 30, generator=gen).double()]
+    params, expected = [], []
+    for out in (params, expected):
+        for g in grads:
+            out.append(nn.Parameter(torch.zeros_like(g)))
+            out[-1].grad = g.clone()
     sparsify_grads_(expected, density=0.01)
-    on_meta_default(sparsify_grads_, grads, density=0.01)
-    for g, e in zip(grads, expected):
-        torch.testing.assert_close(g, e, rtol=0, atol=0)
+    assert on_meta_default(sparsify_grads_, params, density=0.01) == 1015
+    for p, e in zip(params, expected):
+        assert e.grad.count_nonzero() < e.numel()  # something was dropped
+        torch.testing.assert_close(p.grad, e.grad, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("encoding", [e for e in wire.ENCODINGS if e != "auto"])

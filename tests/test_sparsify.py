@@ -183,3 +183,30 @@ def test_buckets_of_narrow_dtypes_rank_exactly_in_the_widest():
     assert got[0][0].numel() == 0 and got[1][0].tolist() == [1]
     got = sparsify_buckets_([(b.clone(), None, None), (a.clone(), None, None)], 1)
     assert got[0][0].tolist() == [1] and got[1][0].numel() == 0
+
+
+def test_a_parameter_listed_twice_counts_once():
+    """A tied weight reached through two modules: one selection over it, with the
+    residual of its first place; it once selected from both copies and wrote the
+    second's unselected copy back (k=1 kept 3.0 in the count and sent nothing)."""
+    w, b = torch.nn.Parameter(torch.zeros(4)), torch.nn.Parameter(torch.zeros(2))
+    w.grad, b.grad = torch.tensor([0.1, 3.0, 0.2, 0.3]), torch.tensor([1.0, -2.0])
+    residuals = [torch.zeros(4), torch.zeros(2), torch.full((4,), 7.0)]
+    assert sparsify_grads_([w, b, w], k=2, residuals=residuals) == 2
+    assert w.grad.tolist() == [0.0, 3.0, 0.0, 0.0] and b.grad.tolist() == [0.0, -2.0]
+    torch.testing.assert_close(residuals[0], torch.tensor([0.1, 0.0, 0.2, 0.3]))
+    assert residuals[1].tolist() == [1.0, 0.0] and residuals[2].tolist() == [7.0] * 4
+    w.grad = torch.tensor([0.1, 3.0, 0.2, 0.3])
+    assert sparsify_grads_([w, w], k=1) == 1 and w.grad.tolist() == [0.0, 3.0, 0.0, 0.0]
+
+
+def test_a_sparse_gradient_is_selected_in_its_dense_form():
+    emb = torch.nn.Embedding(6, 2, sparse=True)
+    emb(torch.tensor([1, 4, 1])).sum().backward()
+    assert emb.weight.grad.layout == torch.sparse_coo
+    dense = emb.weight.grad.to_dense()
+    residual = [torch.zeros(6, 2)]
+    assert sparsify_grads_(emb.parameters(), k=3, residuals=residual) == 3
+    assert emb.weight.grad.layout == torch.strided
+    torch.testing.assert_close(emb.weight.grad + residual[0], dense, rtol=0, atol=0)
+    assert int((emb.weight.grad != 0).sum()) == 3

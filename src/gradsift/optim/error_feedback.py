@@ -202,7 +202,10 @@ def sparsify_grads_(
     """Keep only the top-k ``|grad (+ residual)|`` coordinates of ``params``, in place.
 
     The functional core of ``TopK`` for people who write their own update. Parameters
-    whose ``grad`` is None are skipped (their residual is untouched). With
+    whose ``grad`` is None are skipped (their residual is untouched); a parameter
+    listed twice (a tied weight in two modules' ``parameters()``) counts once, with
+    the residual and velocity of its first place; a sparse ``grad`` (an
+    ``nn.Embedding(sparse=True)``'s) is replaced by its dense form, as ``TopK`` does. With
     ``residuals`` (one tensor per parameter, like it), error feedback is applied:
     ``a = grad + residual``, ``grad <- top_k(a)``, ``residual <- a - top_k(a)``. With
     ``velocities`` and ``momentum_correction=m``, DGC's momentum correction too (see
@@ -235,11 +238,17 @@ def sparsify_grads_(
     def state(states, i):
         return None if states is None else states[i]
 
+    first = {id(p): i for i, p in reversed(list(enumerate(params)))}  # a tie counts once
+    params = [(i, p) for i, p in enumerate(params) if first[id(p)] == i]
+    for _, p in params:
+        if p.grad is not None and p.grad.layout != torch.strided:
+            p.grad = p.grad.to_dense()
     triples = [
         (p.grad, state(residuals, i), state(velocities, i))
-        for i, p in enumerate(params)
+        for i, p in params
         if p.grad is not None
     ]
+    params = [p for _, p in params]
     if params:  # k beyond every coordinate given: an error, as in TopK and the hook
         n = (sum if scope == "global" else max)(p.numel() for p in params)
         budget.check_fits(n, f"the {n} coordinates of params ({scope} scope)")
