@@ -74,3 +74,38 @@ def test_hold_masks_keeps_pruned_weights_zero_under_topk(hold):
             assert revived == 0, f"{revived} pruned weights came back"
         else:  # the check above can fail: without the hold, TopK revives some
             assert revived > 0
+
+
+class _PositionEmbedded(torch.nn.Module):
+    """An embedding fed ids made inside the model: SynFlow's real input never reaches
+    it as ids, so it may be scored."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.pos, self.fc, self.out = (
+            torch.nn.Embedding(4, 8), torch.nn.Linear(8, 8), torch.nn.Linear(8, 3),
+        )  # fmt: skip
+
+    def forward(self, x):
+        h = self.fc(x) + self.pos(torch.arange(4, device=x.device))
+        return self.out(torch.relu(h)).mean(1)
+
+
+def test_sharded_synflow_leaves_no_hook_behind(one_rank):
+    """Scoring leaves the model as it was, its hooks included: the sharded SynFlow
+    scores the model itself, and its guard on embeddings (an error for token ids)
+    once stayed on the caller's embedding, one more at every call."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    import gradsift
+
+    model = _PositionEmbedded().double()
+    mesh = init_device_mesh("cpu", (1,))
+    for layer in (model.fc, model.out, model.pos, model):
+        fully_shard(layer, mesh=mesh)
+    hooks = [dict(m._forward_pre_hooks) for m in model.modules()]
+    for _ in range(2):
+        gradsift.score(model, "synflow", input_shape=(4, 8))
+    assert [dict(m._forward_pre_hooks) for m in model.modules()] == hooks

@@ -125,13 +125,16 @@ def real_inputs(data, method: str, split_batch: Callable | None = None) -> torch
     )
 
 
-def refuse_token_ids(model: nn.Module, method: str) -> None:
-    """Make every embedding of ``model`` (a private copy) raise a ``ValueError`` when a
-    data-free criterion's real-valued input reaches it as ids (an embedding fed ids
-    made inside the model is left alone)."""
-    for name, module in model.named_modules():
-        if isinstance(module, (nn.Embedding, nn.EmbeddingBag)):
-            module.register_forward_pre_hook(_RefuseReal(method, name, type(module).__name__))
+def refuse_token_ids(model: nn.Module, method: str) -> list:
+    """Make every embedding of ``model`` raise a ``ValueError`` when a data-free
+    criterion's real-valued input reaches it as ids (an embedding fed ids made inside
+    the model is left alone). Returns the hooks' handles: on the caller's own model
+    (not a private copy) remove them when done."""
+    return [
+        module.register_forward_pre_hook(_RefuseReal(method, name, type(module).__name__))
+        for name, module in model.named_modules()
+        if isinstance(module, (nn.Embedding, nn.EmbeddingBag))
+    ]
 
 
 class _RefuseReal:

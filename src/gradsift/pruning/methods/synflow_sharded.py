@@ -55,14 +55,18 @@ def synflow_sharded(
         log.info("sharded synflow computes in the model's %s, not %s", p0.dtype, dtype)
     model.eval()
     _flow_only_(model, 1)
-    refuse_token_ids(model, "synflow")
     for m, a in targets.values():
         original(m, a).requires_grad_(True)
     ones = torch.ones((1, *shape), dtype=p0.dtype, device=local(p0).device)
     mine = share()
-    with rank0_gradients(model):
-        out = model(ones).sum()
-        (out if mine == 1 else out * mine).backward()
+    guards = refuse_token_ids(model, "synflow")  # on the caller's model: removed after
+    try:
+        with rank0_gradients(model):
+            out = model(ones).sum()
+            (out if mine == 1 else out * mine).backward()
+    finally:
+        for handle in guards:
+            handle.remove()
     with torch.no_grad():
         scores = {}
         for name, (m, a) in targets.items():
