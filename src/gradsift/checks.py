@@ -53,6 +53,13 @@ def check_float(name: str, value, interval: str) -> float:
     return float(value)
 
 
+def check_shape(name: str, value) -> tuple[int, ...]:
+    """``value`` as a shape: a tuple (or list, ``torch.Size``) of ints >= 1."""
+    if not isinstance(value, (tuple, list)):
+        raise TypeError(f"{name} must be a tuple of ints like (3, 32, 32), got {value!r}")
+    return tuple(check_int(f"{name}[{i}]", v, minimum=1) for i, v in enumerate(value))
+
+
 def check_choice(name: str, value, choices) -> None:
     """``value`` is one of ``choices`` (the message lists them)."""
     if value not in choices:

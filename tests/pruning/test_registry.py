@@ -7,7 +7,7 @@ import gradsift
 from gradsift.pruning import method_options, register_method, supported_options
 from gradsift.pruning.params import effective
 from gradsift.pruning.registry import _METHODS, checked_options, get_method
-from pruning_support import mlp
+from pruning_support import batches, mlp
 
 
 def test_list_and_errors():
@@ -104,3 +104,40 @@ def test_scoring_a_plain_model_does_not_load_dtensor():
         "assert 'torch.distributed.tensor' not in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def _masks(scores, sparsity, **options):
+    return gradsift.masks_from_scores(scores, sparsity, **options)
+
+
+BAD_ARGUMENTS = [  # (call, error, message), each before any work
+    (lambda: gradsift.score(mlp(), "snip", batches(), num_batches=0), ValueError,
+     "num_batches must be >= 1, got 0"),
+    (lambda: gradsift.score(mlp(), "force", batches(), num_batches=-1), ValueError,
+     "num_batches must be >= 1, got -1"),
+    (lambda: gradsift.score(mlp(), "grasp", batches(), temperature=0.0), ValueError,
+     r"temperature must be in \(0, inf\), got 0.0"),
+    (lambda: gradsift.score(mlp(), "grasp", batches(), num_classes=0), ValueError,
+     "num_classes must be >= 1, got 0"),
+    (lambda: gradsift.score(mlp(), "ntk_sap", batches(), batch_size=0), ValueError,
+     "batch_size must be >= 1, got 0"),  # not the data's batch size in its place
+    (lambda: gradsift.score(mlp(), "ntk_sap", input_shape=12, batch_size=4), TypeError,
+     r"input_shape must be a tuple of ints like \(3, 32, 32\), got 12"),
+    (lambda: gradsift.score(mlp(), "synflow", input_shape=12), TypeError,
+     "input_shape must be a tuple"),
+    (lambda: gradsift.score(mlp(), "synflow", input_shape=(12,), dtype="float32"), TypeError,
+     "synflow: dtype must be a floating torch.dtype, got 'float32'"),
+    (lambda: gradsift.score(mlp(), "random", seed=1.5), TypeError,
+     "seed must be an int, got float"),
+    (lambda: gradsift.prune_at_init(mlp(), "random", 0.5, sanity="shuffle-layer", generator=3),
+     TypeError, "generator must be a torch.Generator, got 3"),
+    (lambda: _masks({}, 0.5), ValueError, "scores is empty"),
+    (lambda: _masks({"a": torch.ones(3)}, 0.5, previous={"a": torch.ones(4)}), ValueError,
+     r"previous mask for scores\['a'\] has shape \(4,\), the score \(3,\)"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("call, error, message", BAD_ARGUMENTS)
+def test_a_bad_argument_is_an_error_naming_it(call, error, message):
+    with pytest.raises(error, match=message):
+        call()

@@ -113,7 +113,7 @@ def prune_at_init(
         return prune_shards(model, method, sparsity, data, **kw, **options)
     check_sparsity(sparsity)
     allocation = check_allocation(allocation, scope=scope, budget=budget)
-    sanity = check_sanity(sanity, shuffle)
+    sanity = check_sanity(sanity, shuffle, generator)
     targets = round_sparsities(sparsity, iterations, schedule)
     if sparsity == 0:
         targets = targets[:1]  # every round would keep everything

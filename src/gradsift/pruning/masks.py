@@ -107,6 +107,8 @@ def select(
     check_sparsity(sparsity)
     min_per_layer = check_int("min_per_layer", min_per_layer, minimum=0)
     names = list(scores)
+    if not names:
+        raise ValueError("scores is empty: there are no weights to rank (did params= select none?)")
     shapes = {n: scores[n].shape for n in names}
     flat = _in_place(scores, names, consume, previous is None and not min_per_layer)
     if flat is None:
@@ -204,6 +206,11 @@ def fill_keys_(part: torch.Tensor, score: torch.Tensor, previous, name: str = "s
         part.clamp_(min=_live_floor(part.dtype))
     if previous is None:
         return part.numel()
+    if previous.shape != score.shape:
+        raise ValueError(
+            f"previous mask for {name} has shape {tuple(previous.shape)}, the score "
+            f"{tuple(score.shape)}"
+        )
     alive = as_bool(previous.detach().reshape(-1).to(part.device))
     keep_where_(part, alive, _dead_key(part.dtype))  # no key-sized temporary
     return int(torch.count_nonzero(alive))

@@ -74,7 +74,10 @@ def replayable(data):
 
 
 def batches(data: Iterable, device, limit: int | None, split_batch=None) -> Iterator:
-    """``(inputs, targets)`` from ``data`` on ``device``, at most ``limit`` (None: all)."""
+    """``(inputs, targets)`` from ``data`` on ``device``, at most ``limit`` (None: all;
+    a criterion's ``num_batches``)."""
+    if limit is not None:
+        check_int("num_batches", limit, minimum=1)
     for i, batch in enumerate(data):
         if limit is not None and i >= limit:
             return

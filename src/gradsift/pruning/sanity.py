@@ -33,8 +33,11 @@ __all__ = ["SANITY", "check_sanity", "inverted", "reinit_", "shuffle_global", "s
 SANITY = ("reinit", "invert", "shuffle-layer", "shuffle-global")
 
 
-def check_sanity(sanity: str | None, shuffle: bool = False) -> str | None:
-    """``sanity`` validated; the older ``shuffle=True`` means ``"shuffle-layer"``."""
+def check_sanity(sanity: str | None, shuffle: bool = False, generator=None) -> str | None:
+    """``sanity`` (and the ``generator`` it draws from) validated; the older
+    ``shuffle=True`` means ``"shuffle-layer"``."""
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator, got {generator!r}")
     if sanity is not None:
         check_choice("sanity", sanity, SANITY)
     if shuffle:

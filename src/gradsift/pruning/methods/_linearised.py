@@ -27,6 +27,7 @@ import torch
 from torch import nn
 from torch.nn.utils import prune
 
+from gradsift.checks import check_shape
 from gradsift.pruning.boolean_mask import as_bool
 from gradsift.pruning.flat import flat_views
 from gradsift.pruning.inputs import real_inputs, refuse_token_ids
@@ -43,7 +44,7 @@ def input_shape_of(data, input_shape, split_batch, method: str) -> tuple:
     """The shape of one input (without the batch dimension) for a data-free criterion:
     ``input_shape``, or read off the first batch of ``data``."""
     if input_shape is not None:
-        return tuple(input_shape)
+        return check_shape("input_shape", input_shape)
     if data is None:
         raise ValueError(f"{method} needs input_shape= or data= to know the input shape")
     return tuple(real_inputs(data, method, split_batch).shape[1:])
@@ -53,6 +54,8 @@ class Linearised:
     """The linearised network over a private copy (see the module docstring)."""
 
     def __init__(self, work: nn.Module, targets: dict, dtype, power: int, method: str):
+        if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+            raise TypeError(f"{method}: dtype must be a floating torch.dtype, got {dtype!r}")
         self.work, self.names, self.power, self.method = work, list(targets), power, method
         self.dtype = dtype
         pairs = list(targets.values())

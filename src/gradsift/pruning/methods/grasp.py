@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
-from gradsift.checks import check_choice, check_int
+from gradsift.checks import check_choice, check_float, check_int
 from gradsift.pruning.inputs import forward, index, num_samples, split, to_device
 from gradsift.pruning.methods._hvp import (
     Chunk,
@@ -97,7 +97,7 @@ def grasp(
     needs ``num_classes=`` and ``temperature=1`` (divide the logits in ``loss_fn``).
     """
     need_data(data, "grasp")
-    _check_options(hvp, keep_graphs, batch_weighting, chunk_size)
+    _check_options(hvp, keep_graphs, batch_weighting, chunk_size, temperature, num_classes)
     _check_targets(data, split_batch)
     if num_classes is None:
         num_classes = _infer_classes(model, data, split_batch)
@@ -133,8 +133,11 @@ def grasp(
     return {name: effective(m, a).detach() * h for (name, (m, a)), h in zip(targets.items(), hg)}
 
 
-def _check_options(hvp, keep_graphs, batch_weighting, chunk_size) -> None:
+def _check_options(hvp, keep_graphs, batch_weighting, chunk_size, temperature, classes) -> None:
     check_choice("hvp", hvp, ("forward", "double"))
+    check_float("temperature", temperature, "(0, inf)")  # 0: NaN scores; < 0 flips logits
+    if classes is not None:
+        check_int("num_classes", classes, minimum=1)
     if keep_graphs and hvp != "double":
         raise ValueError("keep_graphs=True needs hvp='double' (it keeps create_graph graphs)")
     check_choice("batch_weighting", batch_weighting, BATCH_WEIGHTINGS)

@@ -26,7 +26,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from gradsift.checks import check_float, check_int
+from gradsift.checks import check_float, check_int, check_shape
 from gradsift.pruning.inputs import forward, real_inputs, refuse_token_ids
 from gradsift.pruning.install import apply_masks_
 from gradsift.pruning.methods._hvp import add_
@@ -87,8 +87,10 @@ def ntk_sap_rescorer(
 def _noise_shape(data, input_shape, batch_size, split_batch) -> tuple[int, ...]:
     if data is not None:
         x = real_inputs(data, "ntk_sap", split_batch)
-        input_shape = input_shape or tuple(x.shape[1:])
-        batch_size = batch_size or int(x.shape[0])
+        input_shape = tuple(x.shape[1:]) if input_shape is None else input_shape
+        batch_size = int(x.shape[0]) if batch_size is None else batch_size
+    if input_shape is not None:
+        input_shape = check_shape("input_shape", input_shape)
     if input_shape is None or batch_size is None:
         raise ValueError("ntk_sap needs data= or both input_shape= and batch_size=")
     return (check_int("batch_size", batch_size, minimum=1), *input_shape)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from gradsift.checks import check_int
 from gradsift.pruning.params import original
 from gradsift.pruning.registry import register_method
 from gradsift.pruning.sharded_scoring import local_rows
@@ -13,7 +14,7 @@ from gradsift.pruning.sharded_scoring import local_rows
 
 def random_scores(model, targets, data=None, *, seed: int = 0):
     """Independent ``U(0, 1)`` scores from ``torch.Generator().manual_seed(seed)``."""
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator().manual_seed(check_int("seed", seed))
     weights = {name: original(m, a) for name, (m, a) in targets.items()}
     # drawn on the CPU in a fixed order: the same scores on every device
     return {
@@ -31,7 +32,7 @@ def random_sharded(model, targets, data=None, *, seed: int = 0):
     ``O(N / world)``) and holds one full tensor at a time (the largest scored one),
     besides its local scores: CPU's generator cannot skip ahead to a rank's rows.
     """
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator().manual_seed(check_int("seed", seed))
     out = {}
     for name, (m, a) in targets.items():
         p = original(m, a)
