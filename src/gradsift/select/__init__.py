@@ -75,7 +75,10 @@ def topk_indices(
             contains NaN.
         ImportError: ``backend="triton"`` without triton installed.
 
-    Synchronises with the host once (the NaN check) on every backend.
+    Synchronises with the host once (the NaN check) on the triton backend and on the
+    torch path's dense selection (small ``x`` or ``k > x.numel() / 8``); the torch
+    path's sampled threshold also reads the threshold and the number of candidates
+    above it: about three synchronisations per call.
     """
     k = _check_topk_args(x, k)
     x = x.detach().contiguous()  # a selection is not differentiable; out= ops refuse grad
