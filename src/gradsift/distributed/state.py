@@ -66,7 +66,8 @@ class TopKHookState(HasBudget):
         warmup: a density schedule, ``gradsift.distributed.warmup`` (``dgc_warmup``).
         clip_norm: DGC's local gradient clipping at ``clip_norm / sqrt(world)``.
         grad_scaler: the ``torch.amp.GradScaler`` scaling the loss: the residual is
-            rescaled (by a power of two: exactly) when its scale changes.
+            rescaled when its scale changes (exactly with GradScaler's default growth
+            and backoff factors, 2 and 0.5: a power of two).
 
     ``bytes_sent`` counts what this rank contributed, ``bytes_dense`` what plain
     allreduce would have; ``compression_ratio`` is their quotient.
@@ -282,7 +283,8 @@ def match_layout_(state: TopKHookState, grad: torch.Tensor, layout: list) -> Non
 
 
 def rescale_for_grad_scaler_(state: TopKHookState) -> None:
-    """Keep the memory in the units of the current loss scale (a power of two)."""
+    """Keep the memory in the units of the current loss scale (exact when the ratio of
+    scales is a power of two, as with GradScaler's default factors)."""
     if state.grad_scaler is None or not state.grad_scaler.is_enabled():
         return
     scale = float(state.grad_scaler.get_scale())
