@@ -109,3 +109,30 @@ def test_sharded_synflow_leaves_no_hook_behind(one_rank):
     for _ in range(2):
         gradsift.score(model, "synflow", input_shape=(4, 8))
     assert [dict(m._forward_pre_hooks) for m in model.modules()] == hooks
+
+
+def test_sharded_synflow_gives_a_norm_without_statistics_fresh_ones(one_rank):
+    """As single-process SynFlow: a BatchNorm without running statistics scores as one
+    with mean 0 and variance 1 (the sharded form scores the model itself, so the
+    statistics it lends are taken away after)."""
+    import copy
+
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    import gradsift
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(6, 8), torch.nn.BatchNorm1d(8, track_running_stats=False),
+        torch.nn.ReLU(), torch.nn.Linear(8, 3),
+    ).double()  # fmt: skip
+    want = gradsift.score(copy.deepcopy(model), "synflow", input_shape=(6,))
+    keys = list(model.state_dict())
+    mesh = init_device_mesh("cpu", (1,))
+    for layer in (model[0], model[3], model):
+        fully_shard(layer, mesh=mesh)
+    got = gradsift.score(model, "synflow", input_shape=(6,))
+    for name in want:
+        torch.testing.assert_close(got[name].full_tensor(), want[name], rtol=0, atol=0)
+    assert list(model.state_dict()) == keys and model[1].running_mean is None

@@ -147,6 +147,33 @@ def test_biases_of_plain_linear_layers_score_zero(method, power, case):
         assert scores[n].shape == model.get_parameter(n).shape and not scores[n].any()
 
 
+def _normed(norm: str, tracked: bool):
+    torch.manual_seed(0)
+    layer = {"batch": nn.BatchNorm2d, "instance": nn.InstanceNorm2d}[norm]
+    return nn.Sequential(
+        nn.Conv2d(1, 4, 3), layer(4, affine=True, track_running_stats=tracked), nn.ReLU(),
+        nn.Flatten(), nn.Linear(64, 3),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("method", ["synflow", "synflow_l2"])
+@pytest.mark.parametrize("norm", ["batch", "instance"])
+def test_a_norm_without_running_statistics_scores_as_one_at_initialisation(method, norm):
+    """Without running statistics a norm would normalise the all-ones input by its own
+    statistics (variance 0): no flow, and scores of rounding noise of either sign. It
+    scores as the same norm with fresh statistics (mean 0, variance 1), and the
+    caller's norm keeps having none."""
+    untracked, fresh = _normed(norm, False), _normed(norm, True)
+    fresh.load_state_dict(untracked.state_dict(), strict=False)
+    keys = list(untracked.state_dict())
+    got = gradsift.score(untracked, method, input_shape=(1, 6, 6))
+    want = gradsift.score(fresh, method, input_shape=(1, 6, 6))
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=0, atol=0, msg=name)
+        assert (got[name] > 0).all()
+    assert list(untracked.state_dict()) == keys and not untracked[1].track_running_stats
+
+
 class Dangling(nn.Module):
     def __init__(self):
         super().__init__()

@@ -35,7 +35,7 @@ from gradsift.pruning.keep_where import keep_where_
 from gradsift.pruning.methods._linear_flow import scoring_forward
 from gradsift.pruning.params import is_plain_linear, mask_of, original, owners
 
-__all__ = ["BIASES", "Linearised", "input_shape_of", "linearise_norm_"]
+__all__ = ["BIASES", "Linearised", "drop_statistics_", "input_shape_of", "linearise_norm_"]
 
 BIASES = ("bias", "bias_orig")  # zeroed: flow only through the weights
 
@@ -209,11 +209,32 @@ def _private_rest_(work: nn.Module, done: set[int], dtype, power: int) -> None:
     work.eval()
 
 
-def linearise_norm_(module: nn.Module, power: int) -> None:
-    """BatchNorm in eval mode as a linear map: mean zeroed, and for ``power=2`` its
-    scale ``γ/√(var+ε)`` squared (``var+ε`` squared)."""
-    if isinstance(module, nn.modules.batchnorm._NormBase) and module.running_mean is not None:
-        with torch.no_grad():
-            module.running_mean.zero_()
-            if power == 2:
-                module.running_var.add_(module.eps).square_().sub_(module.eps)
+def linearise_norm_(module: nn.Module, power: int) -> bool:
+    """BatchNorm (and InstanceNorm) in eval mode as a linear map: mean zeroed, and for
+    ``power=2`` its scale ``γ/√(var+ε)`` squared (``var+ε`` squared).
+
+    A norm without running statistics (``track_running_stats=False``) would normalise
+    SynFlow's one all-ones input by that input's own statistics (variance 0: no flow,
+    and scores of rounding noise); it gets those of a norm at initialisation, mean 0
+    and variance 1, and ``True`` is returned (``drop_statistics_`` takes them away)."""
+    if not isinstance(module, nn.modules.batchnorm._NormBase):
+        return False
+    added = module.running_mean is None
+    if added:
+        like = next((p for p in module.parameters(recurse=False)), None)
+        kw = {} if like is None else {"dtype": like.dtype, "device": like.device}
+        module.register_buffer("running_mean", torch.zeros(module.num_features, **kw))
+        module.register_buffer("running_var", torch.ones(module.num_features, **kw))
+        module.track_running_stats = True
+    with torch.no_grad():
+        module.running_mean.zero_()
+        if power == 2:
+            module.running_var.add_(module.eps).square_().sub_(module.eps)
+    return added
+
+
+def drop_statistics_(module: nn.Module) -> None:
+    """Undo the statistics ``linearise_norm_`` gave a norm that had none."""
+    del module._buffers["running_mean"], module._buffers["running_var"]
+    module.running_mean = module.running_var = None
+    module.track_running_stats = False

@@ -12,7 +12,12 @@ import torch
 from torch import nn
 
 from gradsift.pruning.inputs import refuse_token_ids
-from gradsift.pruning.methods._linearised import BIASES, input_shape_of, linearise_norm_
+from gradsift.pruning.methods._linearised import (
+    BIASES,
+    drop_statistics_,
+    input_shape_of,
+    linearise_norm_,
+)
 from gradsift.pruning.params import original
 from gradsift.pruning.sharded_scoring import like, local, rank0_gradients, share
 
@@ -21,9 +26,11 @@ __all__ = ["synflow_sharded"]
 log = logging.getLogger(__name__)
 
 
-def _flow_only_(model: nn.Module, power: int) -> None:
+def _flow_only_(model: nn.Module, power: int) -> list[nn.Module]:
     """The linearised network in place in each tensor's local part (the shards):
-    ``|θ|^power`` for every weight, 0 for every bias and BatchNorm mean."""
+    ``|θ|^power`` for every weight, 0 for every bias and BatchNorm mean. Returns the
+    norms given statistics (``linearise_norm_``), to be dropped afterwards."""
+    added = []
     with torch.no_grad():
         for module in model.modules():
             for attr, p in module.named_parameters(recurse=False):
@@ -31,7 +38,9 @@ def _flow_only_(model: nn.Module, power: int) -> None:
                     local(p).zero_()
                 else:
                     local(p).abs_().pow_(power)
-            linearise_norm_(module, power)
+            if linearise_norm_(module, power):
+                added.append(module)
+    return added
 
 
 def synflow_sharded(
@@ -54,7 +63,7 @@ def synflow_sharded(
     if dtype != p0.dtype:
         log.info("sharded synflow computes in the model's %s, not %s", p0.dtype, dtype)
     model.eval()
-    _flow_only_(model, 1)
+    added = _flow_only_(model, 1)
     for m, a in targets.values():
         original(m, a).requires_grad_(True)
     ones = torch.ones((1, *shape), dtype=p0.dtype, device=local(p0).device)
@@ -67,6 +76,8 @@ def synflow_sharded(
     finally:
         for handle in guards:
             handle.remove()
+        for module in added:
+            drop_statistics_(module)
     with torch.no_grad():
         scores = {}
         for name, (m, a) in targets.items():
