@@ -256,8 +256,8 @@ def _round(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _top_of_both(a: torch.dtype, b: torch.dtype) -> float:
-    """The largest value finite in both floating dtypes and exact in each:
-    ``(2 - eps) * 2^e``, the coarser one's ``eps`` and the smaller largest exponent."""
+    """The largest value exact in both dtypes: ``(2 - eps) * 2^e``, the coarser one's
+    ``eps``, the smaller largest exponent ``e``."""
     fa, fb = torch.finfo(a), torch.finfo(b)
     exponent = min(math.floor(math.log2(fa.max)), math.floor(math.log2(fb.max)))
     return (2.0 - max(fa.eps, fb.eps)) * 2.0**exponent
@@ -283,8 +283,7 @@ def match_layout_(state: TopKHookState, grad: torch.Tensor, layout: list) -> Non
 
 
 def rescale_for_grad_scaler_(state: TopKHookState) -> None:
-    """Keep the memory in the units of the current loss scale (exact when the ratio of
-    scales is a power of two, as with GradScaler's default factors)."""
+    """Keep the memory in the loss scale's units (exact for GradScaler's default factors)."""
     if state.grad_scaler is None or not state.grad_scaler.is_enabled():
         return
     scale = float(state.grad_scaler.get_scale())

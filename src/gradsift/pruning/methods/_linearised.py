@@ -77,7 +77,7 @@ class Linearised:
                 done = functools.partial(_reach, self.reached, self.names, method, i)
                 module.forward = scoring_forward(module, power, done)
                 self.patched.append(module)
-        _private_rest_(work, {id(p) for p in self.phis}, dtype, power)
+        _private_rest_(work, {id(p) for p in self.phis}, dtype, power, device)
         refuse_token_ids(work, method)
         self.refill_(None)
 
@@ -188,7 +188,7 @@ def _unprune_(module: nn.Module, attr: str, param: nn.Parameter) -> None:
     setattr(module, attr, param)
 
 
-def _private_rest_(work: nn.Module, done: set[int], dtype, power: int) -> None:
+def _private_rest_(work: nn.Module, done: set[int], dtype, power: int, device) -> None:
     """Every other parameter replaced by a private ``|p|^power`` (biases: zeros) of
     ``dtype``; buffers in ``dtype``; BatchNorm's eval map linearised; eval mode."""
     made: dict[int, nn.Parameter] = {}
@@ -205,26 +205,26 @@ def _private_rest_(work: nn.Module, done: set[int], dtype, power: int) -> None:
         for key, buf in list(module._buffers.items()):
             if buf is not None and buf.is_floating_point():
                 module._buffers[key] = buf.to(dtype)
-        linearise_norm_(module, power)
+        linearise_norm_(module, power, dtype, device)
     work.eval()
 
 
-def linearise_norm_(module: nn.Module, power: int) -> bool:
+def linearise_norm_(module: nn.Module, power: int, dtype, device) -> bool:
     """BatchNorm (and InstanceNorm) in eval mode as a linear map: mean zeroed, and for
     ``power=2`` its scale ``γ/√(var+ε)`` squared (``var+ε`` squared).
 
     A norm without running statistics (``track_running_stats=False``) would normalise
     SynFlow's one all-ones input by that input's own statistics (variance 0: no flow,
     and scores of rounding noise); it gets those of a norm at initialisation, mean 0
-    and variance 1, and ``True`` is returned (``drop_statistics_`` takes them away)."""
+    and variance 1 (in ``dtype`` on ``device``), and ``True`` is returned
+    (``drop_statistics_`` takes them away)."""
     if not isinstance(module, nn.modules.batchnorm._NormBase):
         return False
     added = module.running_mean is None
     if added:
-        like = next((p for p in module.parameters(recurse=False)), None)
-        kw = {} if like is None else {"dtype": like.dtype, "device": like.device}
-        module.register_buffer("running_mean", torch.zeros(module.num_features, **kw))
-        module.register_buffer("running_var", torch.ones(module.num_features, **kw))
+        n = module.num_features
+        module.register_buffer("running_mean", torch.zeros(n, dtype=dtype, device=device))
+        module.register_buffer("running_var", torch.ones(n, dtype=dtype, device=device))
         module.track_running_stats = True
     with torch.no_grad():
         module.running_mean.zero_()

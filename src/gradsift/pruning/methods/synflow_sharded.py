@@ -26,7 +26,7 @@ __all__ = ["synflow_sharded"]
 log = logging.getLogger(__name__)
 
 
-def _flow_only_(model: nn.Module, power: int) -> list[nn.Module]:
+def _flow_only_(model: nn.Module, power: int, like: torch.Tensor) -> list[nn.Module]:
     """The linearised network in place in each tensor's local part (the shards):
     ``|θ|^power`` for every weight, 0 for every bias and BatchNorm mean. Returns the
     norms given statistics (``linearise_norm_``), to be dropped afterwards."""
@@ -38,7 +38,7 @@ def _flow_only_(model: nn.Module, power: int) -> list[nn.Module]:
                     local(p).zero_()
                 else:
                     local(p).abs_().pow_(power)
-            if linearise_norm_(module, power):
+            if linearise_norm_(module, power, like.dtype, like.device):
                 added.append(module)
     return added
 
@@ -63,7 +63,7 @@ def synflow_sharded(
     if dtype != p0.dtype:
         log.info("sharded synflow computes in the model's %s, not %s", p0.dtype, dtype)
     model.eval()
-    added = _flow_only_(model, 1)
+    added = _flow_only_(model, 1, local(p0))
     for m, a in targets.values():
         original(m, a).requires_grad_(True)
     ones = torch.ones((1, *shape), dtype=p0.dtype, device=local(p0).device)
