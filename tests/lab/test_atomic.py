@@ -31,6 +31,27 @@ def test_a_failed_write_leaves_the_old_file(tmp_path, monkeypatch):
     assert [p.name for p in tmp_path.iterdir()] == ["r.json"]  # no temporary left
 
 
+@pytest.mark.parametrize("where", ["os.chmod", "os.stat", "os.replace"])
+def test_a_failed_write_closes_its_file(tmp_path, monkeypatch, where):
+    """Whatever step fails, the temporary file is closed and removed (a long sweep
+    that hit errors once ran out of file descriptors)."""
+    path = tmp_path / "r.json"
+    atomic_write_json(path, {"a": 1})
+    real, fds = getattr(os, where.split(".")[1]), set(os.listdir("/proc/self/fd"))
+
+    def boom(*args, **kwargs):
+        if where != "os.stat" or str(args[0]) == str(path):  # stat: the old file's mode
+            raise PermissionError("not allowed")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(where, boom)
+    with pytest.raises(PermissionError, match="not allowed"):
+        atomic_write_bytes(path, b"{}")
+    monkeypatch.undo()
+    assert set(os.listdir("/proc/self/fd")) == fds
+    assert read_json(path) == {"a": 1} and [p.name for p in tmp_path.iterdir()] == ["r.json"]
+
+
 @pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
 def test_a_new_file_gets_the_mode_open_would_give(tmp_path, umask):
     old = os.umask(umask)
