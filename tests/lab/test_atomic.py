@@ -33,8 +33,8 @@ def test_a_failed_write_leaves_the_old_file(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("where", ["os.chmod", "os.stat", "os.replace"])
 def test_a_failed_write_closes_its_file(tmp_path, monkeypatch, where):
-    """Whatever step fails, the temporary file is closed and removed (a long sweep
-    that hit errors once ran out of file descriptors)."""
+    """Whatever step fails, the temporary file is closed and removed (a descriptor
+    left open by each failed write would add up over a long sweep)."""
     path = tmp_path / "r.json"
     atomic_write_json(path, {"a": 1})
     real, fds = getattr(os, where.split(".")[1]), set(os.listdir("/proc/self/fd"))
