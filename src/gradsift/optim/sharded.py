@@ -14,7 +14,9 @@ wrapper's step is the same code:
   are one contiguous range of that order (start = base of the parameter + first row
   times the row length), so a rank's shard is a list of ``(global start, length)``
   segments and ``gradsift.select.sharded`` selects exactly what single-process
-  ``TopK`` would on the full gradient, lowest-global-index ties included.
+  ``TopK`` would on the full gradient, lowest-global-index ties included (with one
+  parameter dtype: single-process ``TopK`` numbers its buckets dtype by dtype, so a
+  tie between parameters of two dtypes may be broken the other way).
 - **Step.** On the local shards, ``u = m u + g``, ``a = r + u`` (or ``r + g``), the
   global top-k mask ``S`` of ``|a|`` across the mesh's shard group, then
   ``g <- a`` on ``S`` and 0 elsewhere, ``r <- a`` with ``S`` zeroed, ``u`` zeroed on
