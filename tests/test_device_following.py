@@ -8,9 +8,10 @@ inputs are built on the CPU, then the library runs with the *default* device set
 mixing it with the CPU inputs raises ("Tensor on device meta is not on the expected
 device cpu"), or reading it raises ("Cannot copy out of meta tensor"). A tensor made
 deliberately on the host (a seeded CPU generator's draw, then moved) names
-``device="cpu"``. ``test_no_tensor_factory_ignores_the_device`` reads the package's
-sources for the same mistake; ``tests/pruning/test_cuda.py`` and ``tests/gpu`` run on
-a GPU.
+``device="cpu"``. Not every mix raises: torch 2.13 lets an in-place op take a meta
+operand (``x.mul_(m)`` on a CPU ``x``), so ``test_no_tensor_factory_ignores_the_device``
+also reads the package's sources for the mistake itself; ``tests/pruning/test_cuda.py``
+and ``tests/gpu`` run on a GPU.
 """
 
 import ast
