@@ -69,11 +69,15 @@ def rounded(x, dtype: tl.constexpr):
     """float32 ``x`` rounded to ``dtype``, to nearest even, as torch rounds.
 
     bfloat16 is rounded on the bits (c10::BFloat16's formula) because Triton's
-    interpreter truncates instead; on a GPU the result is ``cvt.rn``'s.
+    interpreter truncates instead; on a GPU the result is ``cvt.rn``'s. NaN is
+    c10's ``0x7FC0`` whatever its payload: the rounding bias would carry a NaN with
+    low bits of ``0x8000`` or more (a GPU's arithmetic NaN is ``0x7FFFFFFF``) into
+    the sign bit, or into inf.
     """
     if dtype == tl.bfloat16:
         b = x.to(tl.uint32, bitcast=True)
         b = (b + (((b >> 16) & 1) + 0x7FFF)) >> 16
+        b = tl.where(x != x, 0x7FC0, b)
         x = b.to(tl.uint16).to(tl.bfloat16, bitcast=True)
     elif dtype != tl.float32:
         x = x.to(dtype)
