@@ -63,6 +63,26 @@ def test_fused_step_without_feedback_and_with_dgc_momentum(topk):
     assert_same(got, train("torch", density=0.01, **topk))
 
 
+@pytest.mark.parametrize("density", [0.002, 0.3])  # staged and dense selection
+def test_fused_step_with_64_bit_positions_equals_torch_path(monkeypatch, density):
+    """The kernels of a gradient past 2**31 elements (64-bit positions in every pass),
+    run on this small one by lowering the threshold."""
+    from gradsift.select.triton import topk as triton_topk
+
+    monkeypatch.setattr(triton_topk, "WIDE_FROM", 0)
+    wide, prepare = [], triton_topk.Selection.prepare
+
+    def spy(self, *args):
+        prepare(self, *args)
+        wide.append(self.wide)
+
+    monkeypatch.setattr(triton_topk.Selection, "prepare", spy)
+    got = train("triton", dtype=torch.bfloat16, density=density, momentum_correction=0.9)
+    assert got[2] == [False] * 4 and wide and all(wide)
+    want = train("torch", dtype=torch.bfloat16, density=density, momentum_correction=0.9)
+    assert_same(got, want)
+
+
 def test_other_inner_optimizers_step_on_the_fused_selection():
     def adam(q):
         return torch.optim.Adam(q, lr=0.01)

@@ -122,6 +122,23 @@ def test_dense_fallback_when_candidates_overflow(monkeypatch):
     torch.testing.assert_close(sel.indices.cpu(), reference(x, 10), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("k, block", [(20, 32), (400, 8)])  # both block sizes, staged
+def test_the_64_bit_kernels_select_exactly(monkeypatch, dtype, k, block):
+    """Past 2**31 elements every position is 64-bit, the candidate block list too (an
+    int32 list wraps past 2**31 blocks); lowering the threshold runs those kernels on
+    a small input (on CPU in the interpreter; CI cannot hold 2**31 elements)."""
+    monkeypatch.setattr(_topk_triton, "SLACK", 64)
+    monkeypatch.setattr(_topk_triton, "WIDE_FROM", 0)
+    x = make("ties", 20_000, torch.Generator().manual_seed(k)).to(dtype)
+    for absolute in (True, False):
+        sel = Selection()
+        sel.run(x.to(DEVICE), k, absolute=absolute)
+        assert sel.wide and sel.staged and sel.block == block
+        assert sel.cand.dtype == torch.int64
+        torch.testing.assert_close(sel.indices.cpu(), reference(x, k, absolute), rtol=0, atol=0)
+
+
 def test_selection_reuses_buffers_and_flags_nan():
     sel = Selection()
     x = torch.randn(3000, generator=torch.Generator().manual_seed(1)).to(DEVICE)

@@ -17,9 +17,9 @@ def test_every_kernel_compiles_for_sm90():
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
-    assert len(lines) == 11, proc.stdout
+    assert len(lines) == 13, proc.stdout
     assert all(int(line.rsplit(" ", 1)[1]) > 0 for line in lines), proc.stdout
     # past 2**31 elements a program's first position is a 64-bit product (a 32-bit one
     # wraps negative and the kernel writes before its buffers)
     wide = [line.split() for line in lines if "-wide " in line]
-    assert len(wide) == 3 and all(w[-2] == "i64" for w in wide), proc.stdout
+    assert len(wide) == 5 and all(w[-2] == "i64" for w in wide), proc.stdout

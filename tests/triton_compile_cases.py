@@ -41,11 +41,12 @@ def compile_sm90(fn, signature: dict, constexprs: dict) -> tuple[int, str]:
 def stage_cases():
     # (STAGE, OUT, BLOCK, WIDE): each stage and output, both block sizes, 64-bit indices
     cases = [(0, 1, 32, False), (1, 1, 32, False), (2, 1, 32, False), (2, 2, 32, False),
-             (1, 1, 8, False), (2, 1, 32, True)]  # fmt: skip
+             (1, 1, 8, False), (0, 1, 8, True), (1, 1, 8, True), (2, 1, 32, True)]  # fmt: skip
     for stage, out, block, wide in cases:
         sig = STAGE_SIG | ({"out_ptr": "*u8"} if out == 2 else {})
-        if wide:
+        if wide:  # 64-bit sizes, and the candidate blocks' list (past 2**31 blocks)
             sig |= {"n": "i64", "nblocks": "i64", "cap": "i64", "ecap": "i64", "k": "i64"}
+            sig |= {"cand_ptr": "*i64"}
         consts = dict(STAGE=stage, MODE=2, BITS=32, BLOCK=block, OUT=out, WIDE=wide)
         yield f"stage {stage}-{out}-{block}{'-wide' * wide}", stage_kernel, sig, consts
 

@@ -82,7 +82,8 @@ def _compact_phase(
             before = tl.cumsum(above, 0) - above + carry_above
             rank = tl.cumsum(tie, 0) - tie + carry_ties
             if STAGE == 0:
-                tl.store(cand_ptr + before, pos.to(tl.int32), mask=(above > 0) & (before < cap))
+                listed = (above > 0) & (before < cap)  # a block index, 64-bit when WIDE
+                tl.store(cand_ptr + before, pos.to(cand_ptr.dtype.element_ty), mask=listed)
             elif STAGE == 1:
                 listed = (above > 0) & (before < ecap)
                 tl.store(lidx_ptr + before, pos.to(tl.int64), mask=listed)

@@ -27,7 +27,7 @@ def tile(
     stages 1 and 2 are element indices.
     """
     i = tl.arange(0, _TILE)
-    base = t.to(tl.int64) * _TILE if WIDE else t * _TILE
+    base = tl.cast(t, tl.int64) * _TILE if WIDE else t * _TILE  # t: an int when interpreted
     g = tl.zeros([_TILE], dtype=tl.float32)
     if STAGE == 0:
         pos = base + i

@@ -61,6 +61,9 @@ SLACK = 1024  # candidate blocks beyond 2k: room for ties among block keys
 LIST_SLACK = 4096  # listed elements beyond 3k
 PROGRAMS_PER_SM = 8  # resident programs per multiprocessor for the streaming passes
 _STATE = 8  # int64 slots: flags, then (above, ties) totals of each stage
+# from this many elements on, positions are 64-bit (a 32-bit tile start would wrap);
+# the tests lower it to run the 64-bit kernels on small inputs
+WIDE_FROM = 2**31 - TILE
 
 
 @functools.cache
@@ -88,7 +91,7 @@ class Selection:
             return
         n, dev = x.numel(), x.device
         self.bits = 16 if x.element_size() == 2 else 32
-        self.wide = n >= 2**31 - TILE
+        self.wide = n >= WIDE_FROM
         self.block = 32
         if out != "mask" and 4 * k > n // 32:
             self.block = 8  # larger k: finer blocks keep the candidates few
@@ -102,7 +105,9 @@ class Selection:
         self.hist = (hist[:1024], hist[1024:])
         self.counts = torch.empty(2 * MAX_PROGRAMS, dtype=torch.int64, device=dev)
         self.keys = torch.empty(nb if self.staged else 0, dtype=torch.int32, device=dev)
-        self.cand = torch.empty(self.cap if self.staged else 0, dtype=torch.int32, device=dev)
+        # candidate block indices: past 2**31 blocks (2**34 elements) int32 would wrap
+        cand = torch.int64 if self.wide else torch.int32
+        self.cand = torch.empty(self.cap if self.staged else 0, dtype=cand, device=dev)
         self.list_idx = torch.empty(self.ecap, dtype=torch.int64, device=dev)
         self.list_val = torch.empty(self.ecap, dtype=x.dtype, device=dev)
         if out == "mask":
