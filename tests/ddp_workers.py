@@ -369,8 +369,10 @@ def another_ranks_state(rank, world, port, queue, case):
 
 def lightning_fit(rank, world, port, queue):
     """Lightning's DDP on CPU gloo ranks (processes launched by us, as by torchrun)
-    with gradsift's callback: the hook runs (``state.iter > 0``)."""
+    with gradsift's callback: the hook runs (``state.iter > 0``), with the loss
+    scaler of Lightning's float16 mixed precision (a CPU ``GradScaler``)."""
     import lightning.pytorch as pl
+    from lightning.pytorch.plugins import MixedPrecision
 
     from gradsift.integrations.lightning import TopKHookCallback
 
@@ -395,13 +397,16 @@ def lightning_fit(rank, world, port, queue):
         torch.randn(64, 20, generator=gen), torch.randint(0, 5, (64,), generator=gen)
     )
     state = TopKHookState(density=0.1, start_iter=1)
+    scaler = torch.amp.GradScaler("cpu")
     trainer = pl.Trainer(
         accelerator="cpu", devices=world, strategy="ddp", max_steps=4,
+        plugins=[MixedPrecision("16-mixed", "cpu", scaler=scaler)],
         callbacks=[TopKHookCallback(state)], logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False,
     )  # fmt: skip
     trainer.fit(Module(), torch.utils.data.DataLoader(data, batch_size=16))
-    queue.put((rank, state.iter, state.compression_ratio, dist.get_world_size()))
+    ranks = dist.get_world_size()
+    queue.put((rank, state.iter, state.compression_ratio, ranks, state.grad_scaler is scaler))
     dist.destroy_process_group()
 
 

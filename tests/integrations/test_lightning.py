@@ -13,9 +13,11 @@ from gradsift.integrations.lightning import TopKHookCallback  # noqa: E402
 
 
 def test_the_callback_makes_the_hook_run_on_two_cpu_gloo_ranks():
-    for rank, iters, ratio, world in run_two(ddp_workers.lightning_fit):
+    for rank, iters, ratio, world, scaled in run_two(ddp_workers.lightning_fit):
         assert world == 2 and iters == 4, (rank, iters)  # one hook step per batch
         assert ratio > 1, (rank, ratio)  # compressed steps ran
+        # the residual is kept in the loss scale's units (and clip_norm read in them)
+        assert scaled, "the hook was not given Lightning's GradScaler"
 
 
 class Module(pl.LightningModule):

@@ -3,7 +3,10 @@
 Lightning's own ``DDPStrategy(ddp_comm_hook=...)`` registers a hook only on CUDA, so
 on CPU (gloo) ranks the model would train with dense allreduce without a word. This
 callback registers it in ``on_fit_start``, after the strategy has wrapped the model
-in ``DistributedDataParallel``, on CPU and CUDA alike. It also checkpoints the hook's
+in ``DistributedDataParallel``, on CPU and CUDA alike, and hands the hook the
+``GradScaler`` of Lightning's float16 mixed precision (``precision="16-mixed"``), so
+that the residual is kept in the loss scale's units and ``clip_norm`` is read in them
+(a state given its own ``grad_scaler`` keeps it). It also checkpoints the hook's
 per-rank state inside Lightning's one checkpoint file: ``state_dict`` gathers every
 rank's state (Lightning calls it on every rank), ``load_state_dict`` takes this
 rank's own.
@@ -48,6 +51,8 @@ class TopKHookCallback(Callback):
 
     def on_fit_start(self, trainer, pl_module) -> None:
         model = trainer.strategy.model
+        if self.state.grad_scaler is None:  # "16-mixed" scales the loss: follow its scale
+            self.state.grad_scaler = getattr(trainer.precision_plugin, "scaler", None)
         if isinstance(model, DistributedDataParallel):
             model.register_comm_hook(self.state, self.hook)
         else:
