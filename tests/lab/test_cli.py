@@ -148,6 +148,14 @@ def test_bench_select_json(tmp_path, capsys):
         (["train", "--dataset", "cifar10", "--data-root", "/nonexistent"], "never downloads"),
         (["experiment", "collapse", "--jobs", "2"], "--jobs is for the studies"),
         (["sweep", "--jobs", "0"], "jobs"),
+        # options that would be ignored, and recorded as if applied
+        (["train", "--sparsity", "0.5"], "--sparsity prune at init: add --method"),
+        (["train", "--sanity", "invert", "--allocation", "erk"], "--allocation, --sanity prune"),
+        (["train", "--comm", "topk"], "--comm is the gradient communication between ranks"),
+        (["train", "--comm", "topk", "--nproc", "2"], "comm='topk' needs a density"),
+        (["train", "--comm", "fp16", "--nproc", "2", "--density", "0.1"], "sends dense"),
+        (["train", "--comm", "topk-dgc", "--nproc", "2", "--density", "0.1",
+          "--no-error-feedback"], "topk-dgc is DGC's recipe, with error feedback"),
     ],
 )
 def test_bad_arguments_exit_2_with_one_line(argv, message, capsys):

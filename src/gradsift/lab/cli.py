@@ -74,7 +74,9 @@ def _add_common(
             choices=list_methods(),
             help="pruning-at-init method (default: no pruning)",
         )
-        p.add_argument("--sparsity", type=_sparsity, default=0.9, help="fraction pruned")
+        p.add_argument(
+            "--sparsity", type=_sparsity, default=None, help="fraction pruned (default: 0.9)"
+        )
         p.add_argument(
             "--allocation",
             "--budget",

@@ -25,10 +25,13 @@ COMMS = ("allreduce", "fp16", "powersgd", "topk", "topk-dgc")
 
 
 def check_density(comm: str | None, density) -> None:
-    """``topk-dgc`` needs a density: its warm-up ramps down to it. One check for
-    ``make_hook`` and for the command line, which calls it before any rank starts."""
-    if comm == "topk-dgc" and density is None:
-        raise ValueError("comm='topk-dgc' needs a density (its warm-up ramps down to it)")
+    """The top-k communications need a density (``topk-dgc``'s warm-up ramps down to
+    it), the dense ones take none. One check for ``make_hook`` and for the command
+    line, which calls it before any rank starts."""
+    if comm in ("topk", "topk-dgc") and density is None:
+        raise ValueError(f"comm='{comm}' needs a density (the fraction of coordinates sent)")
+    if comm in ("allreduce", "fp16", "powersgd") and density is not None:
+        raise ValueError(f"comm='{comm}' sends dense gradients: a density is for topk, topk-dgc")
 
 
 def make_hook(

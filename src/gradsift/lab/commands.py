@@ -44,7 +44,7 @@ def _spec(args: argparse.Namespace, **overrides):
         model=args.model,
         dataset=args.dataset,
         method=getattr(args, "method", None),  # a sweep names methods in overrides
-        sparsity=getattr(args, "sparsity", 0.0) if getattr(args, "method", None) else 0.0,
+        sparsity=_sparsity(args) if getattr(args, "method", None) else 0.0,
         iterations=args.iterations,
         seed=args.seed,
         train=cfg,
@@ -54,6 +54,10 @@ def _spec(args: argparse.Namespace, **overrides):
     )
     fields.update(overrides)
     return RunSpec(**fields)
+
+
+def _sparsity(args: argparse.Namespace) -> float:
+    return 0.9 if args.sparsity is None else args.sparsity  # --sparsity's default
 
 
 def demo(args: argparse.Namespace) -> int:
@@ -114,7 +118,7 @@ def prune(args: argparse.Namespace) -> int:
         model,
         ds,
         args.method,
-        args.sparsity,
+        _sparsity(args),
         iterations=args.iterations,
         seed=args.seed,
         allocation=args.allocation,
@@ -136,13 +140,12 @@ def prune(args: argparse.Namespace) -> int:
 
 def train(args: argparse.Namespace) -> int:
     from gradsift.lab import launch
-    from gradsift.lab.comm import check_density
     from gradsift.lab.runs import run_one
 
     ckpt = args.checkpoint
     if args.fsdp:
         _check_fsdp(args, launch.under_torchrun())
-    check_density(args.comm, args.density)  # before any rank starts
+    _check_train(args, launch.under_torchrun())  # before any rank starts
     if launch.under_torchrun():
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         record = launch.run_rank(_spec(args), rank=rank, world=world, checkpoint_dir=ckpt)
@@ -162,6 +165,27 @@ def train(args: argparse.Namespace) -> int:
         atomic_write_json(path, record)
         print(f"wrote {path}")
     return 0
+
+
+def _check_train(args: argparse.Namespace, torchrun: bool) -> None:
+    """Options that would be ignored are errors: pruning ones without ``--method``, a
+    ``--comm`` without ranks, a density its communication does not use."""
+    from gradsift.lab.comm import check_density
+
+    pruning = {
+        "--sparsity": args.sparsity is not None,
+        "--allocation": args.allocation != "global",
+        "--sanity": args.sanity is not None,
+        "--iterations": args.iterations != 1,
+    }
+    if args.method is None and any(pruning.values()):
+        named = ", ".join(k for k, given in pruning.items() if given)
+        raise ValueError(f"{named} prune at init: add --method (or leave them out)")
+    if args.comm is not None and args.nproc < 2 and not torchrun:
+        raise ValueError("--comm is the gradient communication between ranks: add --nproc N")
+    check_density(args.comm, args.density)
+    if args.comm == "topk-dgc" and not args.error_feedback:
+        raise ValueError("--comm topk-dgc is DGC's recipe, with error feedback: use --comm topk")
 
 
 def _check_fsdp(args: argparse.Namespace, torchrun: bool) -> None:
