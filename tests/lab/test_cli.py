@@ -9,7 +9,7 @@ import torch
 
 import gradsift
 from cli_support import run_cli
-from gradsift.lab import cli, runs
+from gradsift.lab import cli, plots, runs
 from gradsift.pruning import layer_counts
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -97,6 +97,15 @@ def test_sweep_resumes_and_plots(tmp_path, monkeypatch):
     monkeypatch.setattr(runs, "run_one", lambda spec, **kw: calls.append(spec))
     assert cli.main(_sweep_args(tmp_path)) == 0
     assert calls == [], "finished runs must be skipped"
+    # another sweep into the same folder plots and counts its own runs only
+    monkeypatch.undo()
+    plotted = []
+    monkeypatch.setattr(plots, "plot_accuracy_vs_sparsity", lambda rs, *a, **k: plotted.append(rs))
+    other = [*_sweep_args(tmp_path), "--methods", "magnitude", "--sparsities", "0.5"]
+    other += ["--seeds", "1"]
+    assert cli.main(other) == 0
+    assert [(r["method"], r["seed"]) for r in plotted[0]] == [("magnitude", 1)]
+    assert len(json.loads((tmp_path / "results.json").read_text())["runs"]) == 5
 
 
 def test_interrupted_sweep_leaves_valid_json(tmp_path, monkeypatch):
@@ -148,6 +157,9 @@ def test_bench_select_json(tmp_path, capsys):
         (["train", "--dataset", "cifar10", "--data-root", "/nonexistent"], "never downloads"),
         (["experiment", "collapse", "--jobs", "2"], "--jobs is for the studies"),
         (["sweep", "--jobs", "0"], "jobs"),
+        (["sweep", "--sparsities", ""], "expected at least one value, got ''"),
+        (["sweep", "--methods", ","], "expected at least one value, got ','"),  # not all ten
+        (["demo", "--sparsities", ""], "expected at least one value"),
         # options that would be ignored, and recorded as if applied
         (["train", "--sparsity", "0.5"], "--sparsity prune at init: add --method"),
         (["train", "--sanity", "invert", "--allocation", "erk"], "--allocation, --sanity prune"),

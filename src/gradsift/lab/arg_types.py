@@ -70,6 +70,8 @@ def list_of(parse):
             except (ValueError, TypeError) as exc:
                 why = f"expected {expected}" if expected else str(exc)
                 raise argparse.ArgumentTypeError(f"{why}, got {item!r}") from None
+        if not values:  # '' or ',' would mean nothing (or, for --methods, everything)
+            raise argparse.ArgumentTypeError(f"expected at least one value, got {text!r}")
         return values
 
     return parse_list

@@ -201,7 +201,7 @@ def _check_fsdp(args: argparse.Namespace, torchrun: bool) -> None:
 def sweep(args: argparse.Namespace) -> int:
     from gradsift import list_methods
     from gradsift.lab.plots import have_matplotlib, plot_accuracy_vs_sparsity
-    from gradsift.lab.runs import run_sweep
+    from gradsift.lab.studies.common import study_runs
 
     methods = args.methods or list_methods()
     unknown = sorted(set(methods) - set(list_methods()))
@@ -228,8 +228,8 @@ def sweep(args: argparse.Namespace) -> int:
             f"{allocation}{sanity}: acc {r['test_accuracy']:.4f}"
         )
 
-    runs = run_sweep(specs, path, on_result=report, jobs=args.jobs)
-    print(f"{len(runs)} runs in {path}")
+    runs = study_runs(specs, path, on_result=report, jobs=args.jobs)
+    print(f"{len(runs)} runs of this sweep in {path}")
     if have_matplotlib():
         plot_accuracy_vs_sparsity(
             runs, out / "accuracy_vs_sparsity.png", title=f"{args.model} on {args.dataset}"

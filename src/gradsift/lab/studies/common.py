@@ -68,9 +68,11 @@ def paper_rounds(method: str, quick: bool) -> int:
     return min(paper, 2) if quick else paper
 
 
-def study_runs(specs: list, path, *, jobs: int = 1) -> list[dict]:
-    """``run_sweep``, returning only the runs of ``specs``: a study's table and JSON
-    average what it asked for, not every run its results file holds (a ``--quick``
-    study shares the folder of the full one)."""
+def study_runs(specs: list, path, *, jobs: int = 1, on_result=None) -> list[dict]:
+    """``run_sweep``, returning only the runs of ``specs``: a study's (or a sweep's)
+    table, plot and JSON average what it asked for, not every run its results file
+    holds (a ``--quick`` study shares the folder of the full one, sweeps share
+    ``--out``'s default)."""
     asked = {s.key() for s in specs}
-    return [r for r in run_sweep(specs, path, jobs=jobs) if r["key"] in asked]
+    runs = run_sweep(specs, path, jobs=jobs, on_result=on_result)
+    return [r for r in runs if r["key"] in asked]
