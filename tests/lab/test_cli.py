@@ -15,10 +15,23 @@ from gradsift.pruning import layer_counts
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
-def test_demo_writes_table_json_and_png(tmp_path, capsys):
-    assert cli.main(["demo", "--out", str(tmp_path), "--epochs", "1", "--sparsity", "0.9"]) == 0
+def test_demo_writes_table_json_and_png(tmp_path, capsys, monkeypatch):
+    panels, real = [], plots.plot_hbars
+
+    def plot(p, *args, **kwargs):
+        panels.extend(p)
+        return real(p, *args, **kwargs)
+
+    monkeypatch.setattr(plots, "plot_hbars", plot)
+    argv = ["demo", "--out", str(tmp_path), "--epochs", "1", "--sparsity", "0.9"]
+    assert cli.main([*argv, "--density", "0.004"]) == 0
     out = capsys.readouterr().out
     assert "test acc" in out and "synflow" in out and "error feedback" in out
+    assert "0.4% of gradient coordinates" in out  # not "0%"
+    assert [title for title, *_ in panels] == [
+        "1. pruned at init to 90% sparsity, dense updates",  # one sparsity: no legend
+        "2. unpruned, top 0.4% gradient coordinates",
+    ]
     data = json.loads((tmp_path / "results.json").read_text())
     assert {r["method"] for r in data["runs"]} == {"unpruned", *gradsift.list_methods()}
     png = (tmp_path / "demo.png").read_bytes()

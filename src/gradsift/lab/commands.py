@@ -10,19 +10,33 @@ from functools import partial
 from pathlib import Path
 
 from gradsift.lab.atomic import atomic_write_bytes, atomic_write_json
-from gradsift.lab.tables import Column, columns, render
+from gradsift.lab.tables import Column, columns, percent, render
 
 __all__ = ["demo", "prune", "train", "sweep", "experiment", "bench"]
 
-RUN_COLUMNS = columns(
-    """
-    method         method        s
-    sparsity       sparsity      .2f
-    grad_density   grad density  g
-    test_accuracy  test acc      .4f
-    seconds        seconds       .1f
-    """
-)
+def _feedback(row: dict) -> str | None:
+    """Whether a top-k run kept its unsent gradient (blank for dense updates)."""
+    if row.get("grad_density") is None:
+        return None
+    return "yes" if row.get("error_feedback") else "no"
+
+
+RUN_COLUMNS = [
+    *columns(
+        """
+        method         method        s
+        sparsity       sparsity      g
+        grad_density   grad density  g
+        """
+    ),
+    Column(_feedback, "error feedback"),
+    *columns(
+        """
+        test_accuracy  test acc      .4f
+        seconds        seconds       .1f
+        """
+    ),
+]
 
 
 def _spec(args: argparse.Namespace, **overrides):
@@ -62,15 +76,15 @@ def _sparsity(args: argparse.Namespace) -> float:
 
 def demo(args: argparse.Namespace) -> int:
     from gradsift import list_methods
-    from gradsift.lab.demo import run_demo, summary
-    from gradsift.lab.plots import have_matplotlib, plot_hbars
+    from gradsift.lab.demo import plot_demo, run_demo, summary
+    from gradsift.lab.plots import have_matplotlib
 
     out, methods, sparsities = Path(args.out), list_methods(), args.sparsities
     print(
         "gradsift demo: LeNet-5 on the embedded digits (1,797 8x8 images), "
         f"{args.epochs} epochs per run: (1) pruned at init by each method at "
-        f"{', '.join(f'{s:.0%}' for s in sparsities)} sparsity, (2) trained with the top "
-        f"{args.density:.0%} of gradient coordinates per step; results in {out}/"
+        f"{', '.join(percent(s) for s in sparsities)} sparsity, (2) trained with the top "
+        f"{percent(args.density)} of gradient coordinates per step; results in {out}/"
     )
     res = run_demo(methods, sparsities, args.density, args.epochs, args.seed, jobs=args.jobs)
     rows = [res["unpruned"], *res["pruned"].values(), *res["topk"].values()]
@@ -83,21 +97,7 @@ def demo(args: argparse.Namespace) -> int:
     if not have_matplotlib():
         print("matplotlib not installed: no plot (pip install 'gradsift[plots]')")
         return 0
-    pct = {k: 100 * r["test_accuracy"] for k, r in res["pruned"].items()}
-    dense = 100 * res["unpruned"]["test_accuracy"]
-    labels = ["unpruned (reference)", *methods]
-    series = {f"{s:.0%} sparsity": [dense] + [pct[m, s] for m in methods] for s in sparsities}
-    topk = ["dense updates", "top-k + error feedback", "top-k, no error feedback"]
-    topk_acc = [dense] + [100 * res["topk"][f]["test_accuracy"] for f in (True, False)]
-    plot_hbars(
-        [
-            ("1. pruned at init, dense updates", labels, series),
-            (f"2. unpruned, top {args.density:.0%} gradient coordinates", topk,
-             {"unpruned": topk_acc}),
-        ],
-        out / "demo.png",
-        xlabel="test accuracy (%) on digits, LeNet-5",
-    )  # fmt: skip
+    plot_demo(res, methods, sparsities, args.density, out / "demo.png")
     print(f"wrote {out / 'demo.png'}")
     return 0
 

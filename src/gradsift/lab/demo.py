@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from gradsift.lab.runs import run_many, usable_cores
 from gradsift.lab.specs import RunSpec
+from gradsift.lab.tables import percent
 from gradsift.lab.training import TrainConfig
 
-__all__ = ["run_demo", "summary"]
+__all__ = ["plot_demo", "run_demo", "summary"]
 
 FAR_BELOW = 10.0  # points of accuracy under the unpruned net that the summary explains
 
@@ -32,7 +33,7 @@ def run_demo(methods, sparsities, density, epochs, seed, report=print, jobs=None
 
     plan = [("unpruned", None, "unpruned, dense updates", spec())]
     plan += [
-        ("pruned", (m, s), f"{m} at {s:.0%} sparsity, dense updates", spec(m, s))
+        ("pruned", (m, s), f"{m} at {percent(s)} sparsity, dense updates", spec(m, s))
         for s in sparsities
         for m in methods
     ]
@@ -76,7 +77,7 @@ def summary(res, methods, sparsities, density) -> list[str]:
         kept = res["pruned"][methods[0], s]["kept"]
         close = [m for m in methods if accs[m] >= base - FAR_BELOW]
         lines.append(
-            f"   {s:.0%} sparsity ({kept:,} weights kept): {len(close)} of {len(methods)} "
+            f"   {percent(s)} sparsity ({kept:,} weights kept): {len(close)} of {len(methods)} "
             f"methods within {FAR_BELOW:g} points of unpruned; best {best} {accs[best]:.1f}%."
         )
         low = sorted((m for m in methods if m not in close), key=accs.get)
@@ -87,7 +88,8 @@ def summary(res, methods, sparsities, density) -> list[str]:
     ratio = res["topk"][True].get("compression_ratio", 0)
     lines += [
         "",
-        f"2. Top-k sparse updates (unpruned net, {density:.0%} of gradient coordinates per step):",
+        f"2. Top-k sparse updates (unpruned net, {percent(density)} of gradient coordinates "
+        "per step):",
         f"   with error feedback {ef:.1f}%, without {no_ef:.1f}%, dense updates {dense:.1f}%.",
         "   Error feedback keeps what a step drops in a residual and adds it back later, so "
         "no gradient is lost, only delayed"
@@ -113,5 +115,29 @@ def _why(method: str, sparsity: float, res, sparsities, base: float) -> str:
     }
     why = reasons.get(method, "this mask leaves a thin path through the net, slow to train.")
     if fine_milder:
-        why = f"fine at {max(milder):.0%}, short of weights at {sparsity:.0%}: " + why
+        why = f"fine at {percent(max(milder))}, short of weights at {percent(sparsity)}: " + why
     return why + " More --epochs narrow the gap."
+
+
+def plot_demo(res: dict, methods: list, sparsities: list, density: float, path) -> None:
+    """The demo's two panels: accuracy of each method's pruned net at each sparsity,
+    and of top-k updates with and without error feedback, beside the dense net's."""
+    from gradsift.lab.plots import plot_hbars
+
+    pct = {key: 100 * r["test_accuracy"] for key, r in res["pruned"].items()}
+    dense = 100 * res["unpruned"]["test_accuracy"]
+    labels = ["unpruned (reference)", *methods]
+    series = {f"{percent(s)} sparsity": [dense] + [pct[m, s] for m in methods] for s in sparsities}
+    # one sparsity draws no legend: the title names it
+    at = f" to {percent(sparsities[0])} sparsity" if len(sparsities) == 1 else ""
+    topk = ["dense updates", "top-k + error feedback", "top-k, no error feedback"]
+    topk_acc = [dense] + [100 * res["topk"][f]["test_accuracy"] for f in (True, False)]
+    plot_hbars(
+        [
+            (f"1. pruned at init{at}, dense updates", labels, series),
+            (f"2. unpruned, top {percent(density)} gradient coordinates", topk,
+             {"unpruned": topk_acc}),
+        ],
+        path,
+        xlabel="test accuracy (%) on digits, LeNet-5",
+    )  # fmt: skip

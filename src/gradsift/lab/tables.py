@@ -6,7 +6,13 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["Column", "columns", "render"]
+__all__ = ["Column", "columns", "percent", "render"]
+
+
+def percent(fraction: float) -> str:
+    """``fraction`` as a percentage with up to three significant digits (0.004 is
+    ``0.4%``, 0.991 ``99.1%``: a whole-percent label would read 0% and 99%)."""
+    return f"{100 * fraction:.3g}%"
 
 
 @dataclass(frozen=True)
