@@ -298,3 +298,21 @@ def _fake(spec):
         "shuffle": spec.variant == "shuffle-layer",
         "test_accuracy": 0.5,
     }
+
+
+@pytest.mark.parametrize("quick", [False, True])
+def test_a_quick_experiment_never_writes_over_the_committed_results(tmp_path, monkeypatch, quick):
+    from gradsift.lab import studies
+
+    written = []
+
+    def study(name, out, *, quick, command, jobs):
+        written.append((str(out), command))
+        (tmp_path / out).mkdir(parents=True, exist_ok=True)
+        (tmp_path / out / f"{name}.md").write_text("table")
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(studies, "run_study", study)
+    assert cli.main(["experiment", "topk", *(["--quick"] if quick else [])]) == 0
+    out = "gradsift-quick" if quick else "docs/results"
+    assert written == [(out, "gradsift experiment topk" + " --quick" * quick)]

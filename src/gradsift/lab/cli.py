@@ -215,7 +215,11 @@ def _study_parsers(sub) -> None:
     e = _command(sub, "experiment", help="regenerate a study of docs/results.md")
     e.add_argument("study", choices=list(STUDIES))
     e.add_argument("--quick", action="store_true", help="a reduced form (for tests)")
-    e.add_argument("--out", default="docs/results", help="output folder")
+    e.add_argument(
+        "--out",
+        help="output folder (default: docs/results; with --quick, gradsift-quick, so that a "
+        "reduced form never overwrites the committed results)",
+    )
     _add_jobs(
         e,
         "training runs at a time, each in its own single-threaded process (accuracy, topk, mnist)",

@@ -242,13 +242,14 @@ def experiment(args: argparse.Namespace) -> int:
     from gradsift.lab.studies import run_study
 
     command = f"gradsift experiment {args.study}" + (" --quick" if args.quick else "")
-    if args.out != "docs/results":
-        command += f" --out {shlex.quote(str(args.out))}"  # re-runnable in a shell
+    out = args.out or ("gradsift-quick" if args.quick else "docs/results")
+    if args.out is not None:
+        command += f" --out {shlex.quote(str(out))}"  # re-runnable in a shell
     if args.jobs != 1:
         command += f" --jobs {args.jobs}"
-    run_study(args.study, args.out, quick=args.quick, command=command, jobs=args.jobs)
-    print((Path(args.out) / f"{args.study}.md").read_text())
-    print(f"wrote {args.out}/{args.study}.json, .md and .png")
+    run_study(args.study, out, quick=args.quick, command=command, jobs=args.jobs)
+    print((Path(out) / f"{args.study}.md").read_text())
+    print(f"wrote {out}/{args.study}.json, .md and .png")
     return 0
 
 
