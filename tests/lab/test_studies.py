@@ -78,6 +78,13 @@ def test_quick_study(study, tmp_path, capsys, monkeypatch, request):
             ("global", "shuffle-layer"),
         }
         assert all(r["total"] - r["kept"] == round(r["sparsity"] * r["total"]) for r in pruned)
+        # the dense network's accuracy stands under 0%, not under the first sparsity
+        lines = md.splitlines()
+        header = next(line for line in lines if line.startswith("| method | allocation |"))
+        dense = next(line for line in lines if line.startswith("| dense |"))
+        assert header.startswith("| method | allocation | 0% | ")
+        cells = [cell.strip() for cell in dense.strip("|").split("|")]
+        assert cells[2] and not any(cells[3:]), cells
         assert "| snip (invert) | global |" in md and "SNIP erk error (%)" in md
     if study == "speed":
         assert data["select"] and data["step"] and data["score"] and data["ddp"]

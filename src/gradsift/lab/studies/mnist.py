@@ -123,23 +123,24 @@ def _cells(runs) -> dict:
 
 
 def accuracy_table(plan: Plan, methods, cells) -> str:
-    """Test accuracy (%) per method, allocation and variant (rows) and sparsity (columns)."""
+    """Test accuracy (%) per method, allocation and variant (rows) and sparsity
+    (columns; the dense network's under 0%)."""
     rows = [["dense", "", accuracy_cell(cells[(plan.model, "unpruned", "global", None, 0.0)])]]
-    rows[0] += [""] * (len(plan.sparsities) - 1)
+    rows[0] += [""] * len(plan.sparsities)
     for m in methods:
         for a in ALLOCATIONS:
             rows.append(
-                [m, a]
+                [m, a, ""]
                 + [accuracy_cell(cells[(plan.model, m, a, None, x)]) for x in plan.sparsities]
             )
         for v in plan.sanity:
             key = (plan.model, m, "global")
             rows.append(
-                [f"{m} ({v})", "global"]
+                [f"{m} ({v})", "global", ""]
                 + [accuracy_cell(cells[(*key, v, x)]) for x in plan.sparsities]
             )
-    columns = [Column(0, "method"), Column(1, "allocation")]
-    columns += [Column(i + 2, f"{100 * x:g}%") for i, x in enumerate(plan.sparsities)]
+    columns = [Column(0, "method"), Column(1, "allocation"), Column(2, "0%")]
+    columns += [Column(i + 3, f"{100 * x:g}%") for i, x in enumerate(plan.sparsities)]
     epochs = f"{plan.epochs} epoch" + ("s" if plan.epochs > 1 else "")
     return f"**{plan.title}**, {epochs}\n\n" + render(rows, columns, markdown=True)
 
