@@ -173,6 +173,11 @@ def test_bench_select_json(tmp_path, capsys):
         (["sweep", "--sparsities", ""], "expected at least one value, got ''"),
         (["sweep", "--methods", ","], "expected at least one value, got ','"),  # not all ten
         (["demo", "--sparsities", ""], "expected at least one value"),
+        (["bench", "step", "--sizes", "1000"], "--sizes is for bench select or sharded, not step"),
+        (["bench", "score", "--width", "8"], "--width is for bench prune-memory, not score"),
+        (["bench", "select", "--model", "mlp"], "--model is for bench ddp, not select"),
+        (["bench", "ddp", "--repeats", "3"], "--repeats is for bench select or"),
+        (["bench", "ddp", "--model", "vgg"], "argument --model: invalid choice: 'vgg'"),
         # options that would be ignored, and recorded as if applied
         (["train", "--sparsity", "0.5"], "--sparsity prune at init: add --method"),
         (["train", "--sanity", "invert", "--allocation", "erk"], "--allocation, --sanity prune"),

@@ -210,6 +210,7 @@ def _add_jobs(p: argparse.ArgumentParser, help: str, default: int | None = 1) ->
 
 def _study_parsers(sub) -> None:
     from gradsift.lab.bench import BENCHES
+    from gradsift.lab.models import list_models
     from gradsift.lab.studies import STUDIES
 
     e = _command(sub, "experiment", help="regenerate a study of docs/results.md")
@@ -228,7 +229,9 @@ def _study_parsers(sub) -> None:
 
     b = _command(sub, "bench", help="measure speed as ratios against baselines")
     b.add_argument("what", choices=list(BENCHES), help="what to benchmark")
-    b.add_argument("--repeats", type=_positive_int, default=7, help="timed calls per entry")
+    b.add_argument(
+        "--repeats", type=_positive_int, help="timed calls per entry (default: the bench's own)"
+    )
     b.add_argument(
         "--sizes", type=_list_of(_positive_int), help="comma-separated N (select, sharded)"
     )
@@ -245,7 +248,7 @@ def _study_parsers(sub) -> None:
         type=_list_of(_checked(check_rate)),
         help="ddp: comma-separated emulated loopback rates (100mbit,1gbit,10gbit; needs root)",
     )
-    b.add_argument("--model", default="resnet18", help="ddp: the network")
+    b.add_argument("--model", choices=list_models(), help="ddp: the network (resnet18)")
     b.add_argument("--steps", type=_positive_int, default=13, help="ddp: steps (3 untimed)")
     b.add_argument("--batch", type=_positive_int, default=8, help="ddp: batch per rank")
     net = "prune-memory: an MLP, or a GPT-2 from a config (transformers; GPT-2-XL's shape)"

@@ -10,6 +10,7 @@ from functools import partial
 from pathlib import Path
 
 from gradsift.lab.atomic import atomic_write_bytes, atomic_write_json
+from gradsift.lab.option_checks import check_bench, check_fsdp, check_train
 from gradsift.lab.tables import Column, columns, percent, render
 
 __all__ = ["demo", "prune", "train", "sweep", "experiment", "bench"]
@@ -144,8 +145,8 @@ def train(args: argparse.Namespace) -> int:
 
     ckpt = args.checkpoint
     if args.fsdp:
-        _check_fsdp(args, launch.under_torchrun())
-    _check_train(args, launch.under_torchrun())  # before any rank starts
+        check_fsdp(args, launch.under_torchrun())
+    check_train(args, launch.under_torchrun())  # before any rank starts
     if launch.under_torchrun():
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         record = launch.run_rank(_spec(args), rank=rank, world=world, checkpoint_dir=ckpt)
@@ -165,37 +166,6 @@ def train(args: argparse.Namespace) -> int:
         atomic_write_json(path, record)
         print(f"wrote {path}")
     return 0
-
-
-def _check_train(args: argparse.Namespace, torchrun: bool) -> None:
-    """Options that would be ignored are errors: pruning ones without ``--method``, a
-    ``--comm`` without ranks, a density its communication does not use."""
-    from gradsift.lab.comm import check_density
-
-    pruning = {
-        "--sparsity": args.sparsity is not None,
-        "--allocation": args.allocation != "global",
-        "--sanity": args.sanity is not None,
-        "--iterations": args.iterations != 1,
-    }
-    if args.method is None and any(pruning.values()):
-        named = ", ".join(k for k, given in pruning.items() if given)
-        raise ValueError(f"{named} prune at init: add --method (or leave them out)")
-    if args.comm is not None and args.nproc < 2 and not torchrun:
-        raise ValueError("--comm is the gradient communication between ranks: add --nproc N")
-    check_density(args.comm, args.density)
-    if args.comm == "topk-dgc" and not args.error_feedback:
-        raise ValueError("--comm topk-dgc is DGC's recipe, with error feedback: use --comm topk")
-
-
-def _check_fsdp(args: argparse.Namespace, torchrun: bool) -> None:
-    """``--fsdp`` needs several ranks and neither a DDP communication nor a checkpoint."""
-    if args.nproc < 2 and not torchrun:
-        raise ValueError("--fsdp shards over several ranks: add --nproc N (N >= 2) or torchrun")
-    if args.comm is not None:
-        raise ValueError("--comm is DDP's gradient communication; --fsdp trains with TopK")
-    if args.checkpoint:
-        raise ValueError("--checkpoint is not supported with --fsdp yet")
 
 
 def sweep(args: argparse.Namespace) -> int:
@@ -266,18 +236,19 @@ def _gpu_bench(args: argparse.Namespace):
 def bench(args: argparse.Namespace) -> int:
     from gradsift.lab.bench import BENCHES
 
+    check_bench(args)
     run, columns = BENCHES[args.what]
     if args.what == "iteration":
         run = partial(run, device=args.device)
     elif args.device != "cpu" and args.what != "prune-memory":
         run, columns = _gpu_bench(args)
     if args.what == "ddp":
-        ddp = {"model": args.model, "steps": args.steps, "batch": args.batch}
+        ddp = {"model": args.model or "resnet18", "steps": args.steps, "batch": args.batch}
         rows = [r for rate in args.bandwidth or [None] for r in run(bandwidth=rate, **ddp)]
         columns = [Column(lambda r: r.get("bandwidth", "unshaped"), "link"), *columns]
     else:
-        options = {"repeats": args.repeats}
-        if args.what in ("select", "sharded") and args.sizes:
+        options = {} if args.repeats is None else {"repeats": args.repeats}
+        if args.sizes:
             options["sizes"] = args.sizes
         if args.what == "prune-memory":
             options.update(

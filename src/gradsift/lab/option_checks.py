@@ -1,0 +1,57 @@
+"""The combinations of command-line options a command refuses, before any work or
+any rank starts: an option the command would ignore is an error naming it, never a
+run recorded as if it had been applied."""
+
+from __future__ import annotations
+
+import argparse
+
+__all__ = ["check_bench", "check_fsdp", "check_train"]
+
+
+def check_train(args: argparse.Namespace, torchrun: bool) -> None:
+    """Options that would be ignored are errors: pruning ones without ``--method``, a
+    ``--comm`` without ranks, a density its communication does not use."""
+    from gradsift.lab.comm import check_density
+
+    pruning = {
+        "--sparsity": args.sparsity is not None,
+        "--allocation": args.allocation != "global",
+        "--sanity": args.sanity is not None,
+        "--iterations": args.iterations != 1,
+    }
+    if args.method is None and any(pruning.values()):
+        named = ", ".join(k for k, given in pruning.items() if given)
+        raise ValueError(f"{named} prune at init: add --method (or leave them out)")
+    if args.comm is not None and args.nproc < 2 and not torchrun:
+        raise ValueError("--comm is the gradient communication between ranks: add --nproc N")
+    check_density(args.comm, args.density)
+    if args.comm == "topk-dgc" and not args.error_feedback:
+        raise ValueError("--comm topk-dgc is DGC's recipe, with error feedback: use --comm topk")
+
+
+def check_fsdp(args: argparse.Namespace, torchrun: bool) -> None:
+    """``--fsdp`` needs several ranks and neither a DDP communication nor a checkpoint."""
+    if args.nproc < 2 and not torchrun:
+        raise ValueError("--fsdp shards over several ranks: add --nproc N (N >= 2) or torchrun")
+    if args.comm is not None:
+        raise ValueError("--comm is DDP's gradient communication; --fsdp trains with TopK")
+    if args.checkpoint:
+        raise ValueError("--checkpoint is not supported with --fsdp yet")
+
+
+def check_bench(args: argparse.Namespace) -> None:
+    """An option the benchmark would ignore is an error naming the ones that take it."""
+    from gradsift.lab.bench import BENCHES
+
+    takers = {
+        "--sizes": (args.sizes, ("select", "sharded")),
+        "--repeats": (args.repeats, tuple(b for b in BENCHES if b != "ddp")),
+        "--bandwidth": (args.bandwidth, ("ddp",)),
+        "--model": (args.model, ("ddp",)),
+        "--width": (args.width, ("prune-memory",)),
+        "--depth": (args.depth, ("prune-memory",)),
+    }
+    for option, (value, benches) in takers.items():
+        if value is not None and args.what not in benches:
+            raise ValueError(f"{option} is for bench {' or '.join(benches)}, not {args.what}")
