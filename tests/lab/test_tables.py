@@ -34,10 +34,10 @@ def test_the_run_table_says_which_top_k_run_kept_error_feedback():
 
     row = dict(method="unpruned", sparsity=0.0, test_accuracy=0.5, seconds=1.0)
     rows = [
-        {**row, "grad_density": None, "error_feedback": True},
+        {**row, "grad_density": 1.0, "error_feedback": True},  # a dense run's record
         {**row, "grad_density": 0.004, "error_feedback": True},
         {**row, "grad_density": 0.004, "error_feedback": False},
-        {**row, "method": "snip", "sparsity": 0.991, "grad_density": None, "error_feedback": True},
+        {**row, "method": "snip", "sparsity": 0.991, "grad_density": 1.0, "error_feedback": True},
     ]
     header, _, *lines = render(rows, RUN_COLUMNS).splitlines()
     assert "error feedback" in header

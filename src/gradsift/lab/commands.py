@@ -16,8 +16,9 @@ from gradsift.lab.tables import Column, columns, percent, render
 __all__ = ["demo", "prune", "train", "sweep", "experiment", "bench"]
 
 def _feedback(row: dict) -> str | None:
-    """Whether a top-k run kept its unsent gradient (blank for dense updates)."""
-    if row.get("grad_density") is None:
+    """Whether a top-k run kept its unsent gradient (blank for dense updates, whose
+    records say grad density 1)."""
+    if row.get("grad_density") in (None, 1.0):
         return None
     return "yes" if row.get("error_feedback") else "no"
 
