@@ -229,3 +229,25 @@ def test_new_record_round_trips(tmp_path, monkeypatch, allocation):
     assert "budget" not in json.loads(path.read_text())["runs"][0]
     assert load_results(path) == [record]
     assert RunRecord(**load_results(path)[0]).to_dict() == record
+
+
+def test_a_run_that_keeps_k_coordinates_records_their_density():
+    """``TrainConfig(k=...)`` trains with TopK(k): the record's grad density is k over
+    the trainable coordinates (it said 1.0, a dense run's)."""
+    from gradsift.lab.models import build_model
+
+    spec = RunSpec(model="mlp", train=TrainConfig(epochs=1, k=50))
+    record = runs.run_one(spec)
+    model = build_model("mlp", input_shape=(1, 8, 8), num_classes=10)
+    assert record["grad_density"] == 50 / sum(p.numel() for p in model.parameters())
+
+
+def test_fp16_communication_records_half_the_bytes():
+    """fp16's hook has no state that counts bytes; it sends 2 of a float32's 4."""
+    from gradsift.lab.comm import dense_ratio
+    from gradsift.lab.models import build_model
+
+    model = build_model("mlp", input_shape=(1, 8, 8), num_classes=10)
+    assert dense_ratio(TrainConfig(comm="fp16"), model) == 2.0
+    assert dense_ratio(TrainConfig(comm="fp16"), model.double()) == 4.0
+    assert dense_ratio(TrainConfig(comm="allreduce"), model) == 1.0

@@ -19,7 +19,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from gradsift.distributed import TopKHookState, dgc_warmup, topk_hook
 from gradsift.lab.powersgd import PowerSGDRunState, powersgd_hook
 
-__all__ = ["COMMS", "check_density", "make_hook"]
+__all__ = ["COMMS", "check_density", "dense_ratio", "make_hook"]
 
 COMMS = ("allreduce", "fp16", "powersgd", "topk", "topk-dgc")
 
@@ -32,6 +32,15 @@ def check_density(comm: str | None, density) -> None:
         raise ValueError(f"comm='{comm}' needs a density (the fraction of coordinates sent)")
     if comm in ("allreduce", "fp16", "powersgd") and density is not None:
         raise ValueError(f"comm='{comm}' sends dense gradients: a density is for topk, topk-dgc")
+
+
+def dense_ratio(cfg, model) -> float:
+    """Allreduce's bytes over the bytes sent, for a communication without a state that
+    counts them: ``fp16`` sends 2 bytes per coordinate, the others every byte."""
+    if cfg.comm != "fp16":
+        return 1.0
+    params = [p for p in model.parameters() if p.requires_grad]
+    return sum(p.numel() * p.element_size() for p in params) / sum(2 * p.numel() for p in params)
 
 
 def make_hook(

@@ -46,8 +46,13 @@ class RunRecord:
     def of(cls, spec: RunSpec, **outcome) -> RunRecord:
         """The record of ``spec``'s run: what the spec says (its key, model, method or
         ``"unpruned"``, the sanity variant, the training's density, 1.0 when dense, ...)
-        and the ``outcome`` fields (``world_size``, ``kept``, ``test_accuracy``, ...)."""
+        and the ``outcome`` fields (``world_size``, ``kept``, ``test_accuracy``, ...;
+        ``grad_density`` too where the training kept ``k`` coordinates, as ``k`` over
+        the trainable ones)."""
         t = spec.train
+        density = outcome.pop("grad_density", None)
+        if density is None:
+            density = t.density if t.density is not None else 1.0
         return cls(
             key=spec.key(),
             model=spec.model,
@@ -57,7 +62,7 @@ class RunRecord:
             iterations=spec.iterations,
             shuffle=spec.variant == "shuffle-layer",
             seed=spec.seed,
-            grad_density=t.density if t.density is not None else 1.0,
+            grad_density=density,
             error_feedback=t.error_feedback,
             epochs=t.epochs,
             allocation=spec.allocation,

@@ -16,6 +16,7 @@ import torch
 
 from gradsift import prune_at_init, sparsity_report
 from gradsift.lab.atomic import atomic_write_json
+from gradsift.lab.comm import dense_ratio
 from gradsift.lab.data import load_dataset, loader
 from gradsift.lab.models import build_model
 from gradsift.lab.parallel import ddp_setup, fsdp_setup
@@ -104,10 +105,17 @@ def run_one(
         history=result["history"],
         prune_seconds=prune_seconds,
         seconds=prune_seconds + result["seconds"],
-        compression_ratio=setup.hook_state.compression_ratio if setup.hook_state else 1.0,
+        compression_ratio=(
+            setup.hook_state.compression_ratio if setup.hook_state else dense_ratio(cfg, model)
+        ),
+        grad_density=None if cfg.k is None else cfg.k / _trainable(model),
         diverged=diverged(result),
         sharded=sharded,
     ).to_dict()
+
+
+def _trainable(model) -> int:
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
 def _prune_spec(model, ds, spec: RunSpec) -> dict:
