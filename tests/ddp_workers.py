@@ -415,3 +415,19 @@ def bench_variants(rank, world, names):
     from gradsift.lab.bench.ddp_step import _run_variant
 
     return [_run_variant(name, "mlp", 5, 4, rank, world) for name in names]
+
+
+def epoch_losses(rank, world):
+    """``fit``'s mean training loss on ranks that hold different data, at learning rate
+    0 (every loss is the initial model's): this rank's own mean, and the one reported."""
+    from gradsift.lab.training import fit
+
+    model = small_model()
+    x, y = batch(rank, 0)
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=4)
+    reported = []
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    fit(model, opt, data, epochs=1, on_epoch=lambda epoch, mean: reported.append(mean))
+    with torch.no_grad():
+        own = F.cross_entropy(model(x), y).item()
+    return own, reported[0]

@@ -103,3 +103,16 @@ def test_evaluate_reads_its_sums_once_and_equals_python_float_sums(monkeypatch):
     monkeypatch.undo()
     assert sorted(reads) == ["__float__", "__int__"], reads
     assert metrics == {"accuracy": correct / 449, "loss": loss / 449}
+
+
+def test_the_epoch_loss_is_the_mean_over_every_ranks_samples():
+    """Under DDP or FSDP each rank trains on its shard; the history's training loss is
+    the mean over all of them (it was rank 0's shard alone)."""
+    import ddp_workers
+    from worlds import rank_results, run_world
+
+    results = rank_results(run_world(ddp_workers.epoch_losses, 2), 2)
+    mean = sum(own for own, _ in results) / 2  # equal shards
+    assert results[0][0] != pytest.approx(results[1][0], rel=1e-3)  # the shards differ
+    for _, reported in results:
+        assert reported == pytest.approx(mean, rel=1e-6)

@@ -10,6 +10,7 @@ import time
 from dataclasses import asdict, dataclass
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
@@ -111,14 +112,15 @@ def fit(
 
     ``data``: a DataLoader (a ``DistributedSampler`` gets ``set_epoch``). The
     scheduler steps once per epoch; ``on_step()`` runs after every step and
-    ``on_epoch(epoch, mean_train_loss)`` after every epoch.
+    ``on_epoch(epoch, mean_train_loss)`` after every epoch, the mean over every rank's
+    samples where a process group runs (one all-reduce an epoch).
     """
     for epoch in _progress(range(start_epoch, epochs), progress, "epochs"):
         if hasattr(data.sampler, "set_epoch"):
             data.sampler.set_epoch(epoch)
         # summed in float64 on the loss's device (the sums a Python float made, bit for
         # bit): one host sync an epoch, not one a step
-        total, count = 0.0, 0
+        total, count = torch.zeros((), dtype=torch.float64, device=device), 0
         for x, y in data:
             x, y = x.to(device), y.to(device)
             optimizer.zero_grad()
@@ -132,7 +134,18 @@ def fit(
         if scheduler is not None:
             scheduler.step()
         if on_epoch is not None:
-            on_epoch(epoch, total.item() / count if count else 0.0)
+            on_epoch(epoch, _mean_over_ranks(total, count))
+
+
+def _mean_over_ranks(total: torch.Tensor, count: int) -> float:
+    """``total / count`` summed over the ranks of the process group (this rank's alone
+    without one): each rank's own mean would be one shard's loss."""
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        n = torch.tensor(float(count), dtype=total.dtype, device=total.device)
+        both = torch.stack([total, n])
+        dist.all_reduce(both)
+        total, count = both[0], int(both[1].item())
+    return total.item() / count if count else 0.0
 
 
 @dataclass
