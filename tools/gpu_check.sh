@@ -11,6 +11,7 @@ for part in "$@"; do
   case $part in
     tests) timeout 400 python3 -m pytest -q --maxfail=20 -p no:cacheprovider tests/gpu \
              tests/pruning/test_cuda.py tests/test_topk_triton.py tests/test_sparsify_triton.py \
+             tests/select/test_triton_keys.py \
              2>&1 | tee "$OUT/tests.log" | tail -25 ;;
     cold) for dt in float32 bfloat16 float16; do
             TRITON_CACHE_DIR=$(mktemp -d) timeout 120 python3 -c "
@@ -26,6 +27,7 @@ print(f'cold first call $dt: {t1 - t:.2f} s; first call at k=1%: {time.perf_coun
              | tee "$OUT/iteration.log" ;;
     quicktests) timeout 300 python3 -m pytest -q --maxfail=20 -p no:cacheprovider tests/gpu \
              tests/pruning/test_cuda.py tests/test_topk_triton.py tests/test_sparsify_triton.py \
+             tests/select/test_triton_keys.py \
              -k "not property" 2>&1 | tee "$OUT/tests.log" | tail -25 ;;
     prune) timeout 300 python3 -m pytest -q -x -p no:cacheprovider tests/pruning/test_cuda.py \
              2>&1 | tee "$OUT/prune-tests.log" | tail -25
