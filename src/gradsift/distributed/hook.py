@@ -106,7 +106,7 @@ def _finish(state: TopKHookState, stash) -> None:
     dtype = functools.reduce(torch.promote_types, {p.dtype for p in parts})
     n = sum(p.numel() for p in parts)
     flat = torch.cat(parts, out=state.flat_buffer(n, dtype, parts[0].device))
-    n, element = flat.numel(), flat.element_size()
+    element = flat.element_size()
     state.bytes_dense += n * element
     finite = _exchange_header(state, flat, [(key, size) for key, size, _, _ in entries], world)
     state.budget.check_fits(n, f"the model's {n} coordinates")  # n: the same on every rank

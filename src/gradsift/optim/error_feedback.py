@@ -238,17 +238,18 @@ def sparsify_grads_(
     def state(states, i):
         return None if states is None else states[i]
 
-    first = {id(p): i for i, p in reversed(list(enumerate(params)))}  # a tie counts once
-    params = [(i, p) for i, p in enumerate(params) if first[id(p)] == i]
-    for _, p in params:
+    places = {}  # each parameter at its first place: a tied weight counts once
+    for i, p in enumerate(params):
+        places.setdefault(id(p), (i, p))
+    for _, p in places.values():
         if p.grad is not None and p.grad.layout != torch.strided:
             p.grad = p.grad.to_dense()
     triples = [
         (p.grad, state(residuals, i), state(velocities, i))
-        for i, p in params
+        for i, p in places.values()
         if p.grad is not None
     ]
-    params = [p for _, p in params]
+    params = [p for _, p in places.values()]
     if params:  # k beyond every coordinate given: an error, as in TopK and the hook
         n = (sum if scope == "global" else max)(p.numel() for p in params)
         budget.check_fits(n, f"the {n} coordinates of params ({scope} scope)")

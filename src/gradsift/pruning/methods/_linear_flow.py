@@ -40,9 +40,9 @@ class ScoringLinear(torch.autograd.Function):
     def backward(ctx, gy):
         x, phi = ctx.saved_tensors
         gx = gy.matmul(phi) if ctx.needs_input_grad[0] else None  # before φ is overwritten
-        gb = gy.reshape(-1, phi.shape[0]).sum(0) if ctx.needs_input_grad[2] else None
+        g2, x2 = gy.reshape(-1, phi.shape[0]), x.reshape(-1, phi.shape[1])
+        gb = g2.sum(0) if ctx.needs_input_grad[2] else None
         with torch.no_grad():
-            g2, x2 = gy.reshape(-1, phi.shape[0]), x.reshape(-1, phi.shape[1])
             if g2.shape[0] == 1:
                 g, xs = g2[0], x2[0]
                 step = max(1, _ROWS // max(1, phi.shape[1]))

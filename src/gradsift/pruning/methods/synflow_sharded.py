@@ -63,10 +63,11 @@ def synflow_sharded(
     if dtype != p0.dtype:
         log.info("sharded synflow computes in the model's %s, not %s", p0.dtype, dtype)
     model.eval()
-    added = _flow_only_(model, 1, local(p0))
+    here = local(p0)  # the dtype and device of the linearised network
+    added = _flow_only_(model, 1, here)
     for m, a in targets.values():
         original(m, a).requires_grad_(True)
-    ones = torch.ones((1, *shape), dtype=p0.dtype, device=local(p0).device)
+    ones = torch.ones((1, *shape), dtype=p0.dtype, device=here.device)
     mine = share()
     guards = refuse_token_ids(model, "synflow")  # on the caller's model: removed after
     try:
