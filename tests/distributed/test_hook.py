@@ -188,3 +188,26 @@ def test_hook_keeps_every_dtype_of_a_mixed_model_exact(one_rank, wide_first):
     for p, q in zip(plain.parameters(), hooked.parameters()):
         assert q.grad.dtype == p.dtype
         torch.testing.assert_close(q.grad, p.grad, rtol=0, atol=0)
+
+
+def test_a_state_that_served_another_model_is_an_error(one_rank):
+    """Residuals belong to one model's parameters: a state reused for a new model (a
+    notebook's second run, say) would add the old model's residual to the new one's
+    gradient. Re-wrapping the same module in a new DDP keeps serving it."""
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel
+
+    from gradsift.distributed import TopKHookState, topk_hook
+
+    state = TopKHookState(k=5, start_iter=0)
+    x, y = dist_workers.batch(0, 0)
+    first = dist_workers.small_model()
+    for ddp in (DistributedDataParallel(first), DistributedDataParallel(first)):
+        ddp.register_comm_hook(state, topk_hook)
+        for _ in range(2):
+            nn.functional.cross_entropy(ddp(x), y).backward()
+    assert state.iter == 4 and state.residual.abs().sum() > 0
+    second = DistributedDataParallel(dist_workers.small_model())
+    second.register_comm_hook(state, topk_hook)
+    with pytest.raises(ValueError, match="TopKHookState already serves another model"):
+        nn.functional.cross_entropy(second(x), y).backward()

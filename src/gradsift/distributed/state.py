@@ -16,6 +16,10 @@ so that ``decoded(q) + r_new == a`` exactly. The hook state follows
 iterations. Residuals are stored as one vector keyed by the parameters'
 ``(bucket index, position)`` in DDP's initial layout, which any fresh DDP of the same
 model reproduces; a state that does not match the model is an error, never reset.
+A state serves one model: once it has run a step, a parameter it has not seen (a new
+model's, in a second run in the same process) is an error, since its residual would
+go into the other model's gradient. A new DDP around the same module is the same
+model; to resume, load the saved state into a new ``TopKHookState``.
 
 The state is **per rank**: each rank's residual is its own unsent gradient. The saved
 state names the rank and world size that saved it, and the hook's first exchange
@@ -27,6 +31,7 @@ restarting the error-feedback memory at zero).
 from __future__ import annotations
 
 import math
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -44,6 +49,10 @@ _VALUE_DTYPES = (None, torch.float32, torch.float16, torch.bfloat16)
 _SAVED = (
     "iter", "bytes_sent", "bytes_dense", "residual", "velocity", "layout", "scale",
     "rank", "world_size",
+)  # fmt: skip
+# what a pickled state leaves behind: objects of this process, remade on unpickling
+_THIS_PROCESS = (
+    "process_group", "grad_scaler", "_keys", "_keyed_at", "_workspace", "_stash", "_flat",
 )  # fmt: skip
 
 
@@ -79,7 +88,7 @@ class TopKHookState(HasBudget):
     __slots__ = (
         "budget", "error_feedback", "start_iter", "dense_if_larger", "process_group",
         "encoding", "value_dtype", "momentum_correction", "warmup", "clip_norm",
-        "grad_scaler", *_SAVED, "_keys", "_workspace", "_stash", "_flat",
+        "grad_scaler", *_SAVED, "_keys", "_keyed_at", "_workspace", "_stash", "_flat",
     )  # fmt: skip
 
     def __init__(
@@ -119,7 +128,8 @@ class TopKHookState(HasBudget):
         self.rank: int | None = None
         self.world_size: int | None = None
         self.layout: list[tuple[tuple[int, int], int]] = []
-        self._keys: dict[int, tuple[int, int]] = {}  # id(param) -> key, this process only
+        self._keys: dict[int, tuple] = {}  # id(param) -> (weakref, key), this process only
+        self._keyed_at: int | None = None  # self.iter when the first key was assigned
         self._workspace, self._stash = Workspace(), []
         self._flat = None  # the step's concatenated gradient, reused (see flat_buffer)
 
@@ -133,11 +143,23 @@ class TopKHookState(HasBudget):
         return flat
 
     def keys_of(self, bucket) -> list[tuple[int, int]]:
-        """Residual keys of the bucket's parameters (assigned on first sight)."""
-        return [
-            self._keys.setdefault(id(p), (bucket.index(), pos))
-            for pos, p in enumerate(bucket.parameters())
-        ]
+        """Residual keys of the bucket's parameters (assigned on first sight, in the
+        first step this state runs; a parameter first seen after it is an error)."""
+        keys = []
+        for pos, p in enumerate(bucket.parameters()):
+            seen = self._keys.get(id(p))
+            if seen is None or seen[0]() is not p:  # unseen, or a dead one's id reused
+                if self._keyed_at is None:
+                    self._keyed_at = self.iter
+                elif self.iter > self._keyed_at:
+                    raise ValueError(
+                        "TopKHookState already serves another model (its residuals "
+                        "belong to that model's parameters): make a new TopKHookState "
+                        "for each model, and to resume, load_state_dict into a new one"
+                    )
+                seen = self._keys[id(p)] = (weakref.ref(p), (bucket.index(), pos))
+            keys.append(seen[1])
+        return keys
 
     def budget_at(self, iteration: int) -> Budget:
         """The budget of ``iteration``: the warm-up schedule's density, else ours."""
@@ -198,14 +220,14 @@ class TopKHookState(HasBudget):
             self.rank = self.world_size = self.residual = self.velocity = None
 
     def __getstate__(self):
-        skip = ("process_group", "grad_scaler", "_keys", "_workspace", "_stash", "_flat")
-        return {s: getattr(self, s) for s in self.__slots__ if s not in skip}
+        return {s: getattr(self, s) for s in self.__slots__ if s not in _THIS_PROCESS}
 
     def __setstate__(self, state):
         for s, v in state.items():
             setattr(self, s, v)
         self.process_group = self.grad_scaler = None
-        self._keys, self._workspace, self._stash, self._flat = {}, Workspace(), [], None
+        self._keys, self._keyed_at = {}, None
+        self._workspace, self._stash, self._flat = Workspace(), [], None
 
 
 def compress_(state: TopKHookState, grad: torch.Tensor, keys: list, sizes: list[int]):
