@@ -147,6 +147,20 @@ def test_sweep_in_worker_processes_matches_one_process(tmp_path):
     assert len(runs.run_sweep(specs, tmp_path / "parallel.json", jobs=2)) == 3  # resumed
 
 
+def test_a_failing_run_in_a_worker_keeps_the_runs_already_running(tmp_path):
+    """One worker's run fails at once while the other trains: the sweep raises that
+    error, but only after saving the run that was already under way (it was thrown
+    away, to be rerun on resume)."""
+    slow = RunSpec(model="mlp", train=TrainConfig(epochs=3))
+    bad = RunSpec(model="mlp", dataset="no-such-dataset")
+    later = RunSpec(model="mlp", seed=1, train=TrainConfig(epochs=1))
+    path = tmp_path / "sweep.json"
+    with pytest.raises(ValueError, match="dataset must be one of"):
+        runs.run_sweep([slow, bad, later], path, jobs=2)
+    saved = [r["key"] for r in load_results(path)]
+    assert slow.key() in saved and bad.key() not in saved
+
+
 def test_diverged_is_read_from_older_records_too():
     """Records written before the field existed: a non-finite loss anywhere marks them."""
 

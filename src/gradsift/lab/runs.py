@@ -162,7 +162,11 @@ def usable_cores() -> int:
 
 def run_many(specs: list[RunSpec], *, jobs: int = 1, progress: bool = False, in_order=False):
     """Each spec's record (``run_one``), in this process or in ``jobs`` single-threaded
-    worker processes; as they finish, or in the order of ``specs`` with ``in_order``."""
+    worker processes; as they finish, or in the order of ``specs`` with ``in_order``.
+
+    In workers, a run that fails cancels the runs still waiting; without ``in_order``
+    the runs already under way are finished and yielded first (a sweep saves them),
+    then the first failure is raised."""
     if jobs == 1 or len(specs) <= 1:
         yield from (run_one(spec, progress=progress) for spec in specs)
         return
@@ -171,8 +175,23 @@ def run_many(specs: list[RunSpec], *, jobs: int = 1, progress: bool = False, in_
         min(jobs, len(specs)), mp_context=context, initializer=torch.set_num_threads, initargs=(1,)
     ) as pool:
         futures = [pool.submit(run_one, spec) for spec in specs]
+        failure = None
         try:
-            yield from (f.result() for f in (futures if in_order else as_completed(futures)))
+            for f in futures if in_order else as_completed(futures):
+                if f.cancelled():
+                    continue
+                try:
+                    record = f.result()
+                except Exception as exc:  # noqa: BLE001 - raised once the others are in
+                    if in_order:
+                        raise
+                    failure = failure or exc
+                    for g in futures:
+                        g.cancel()
+                    continue
+                yield record
+            if failure is not None:
+                raise failure
         finally:
             for f in futures:
                 f.cancel()
