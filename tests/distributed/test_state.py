@@ -4,6 +4,7 @@ layout check, loss-scale tracking, state dicts, arguments."""
 import pytest
 import torch
 
+from bucket_support import FakeBucket
 from gradsift.distributed import TopKHookState, compress_
 
 KEYS, SIZES = [(0, 0), (0, 1)], [300, 200]
@@ -161,30 +162,17 @@ def test_reshard_keeps_the_counters_and_restarts_the_memory():
         other.load_state_dict(saved, reshard="yes")
 
 
-class _Bucket:
-    """What ``keys_of`` reads of DDP's ``GradBucket``."""
-
-    def __init__(self, index, params):
-        self._index, self._params = index, params
-
-    def index(self):
-        return self._index
-
-    def parameters(self):
-        return self._params
-
-
 def test_keys_come_from_the_first_step_and_a_reused_id_is_a_new_parameter():
     import weakref
 
     state = TopKHookState(k=1)
     a, b = torch.zeros(3), torch.zeros(2)
-    assert state.keys_of(_Bucket(0, [a, b])) == [(0, 0), (0, 1)]
+    assert state.keys_of(FakeBucket(0, [a, b])) == [(0, 0), (0, 1)]
     state.iter += 1  # a step later DDP has rebuilt its buckets: the keys stay
-    assert state.keys_of(_Bucket(0, [b, a])) == [(0, 1), (0, 0)]
+    assert state.keys_of(FakeBucket(0, [b, a])) == [(0, 1), (0, 0)]
     # a tensor at the id of a dead one (CPython reuses ids) is not that one
     c, dead = torch.zeros(3), torch.zeros(3)
     state._keys[id(c)] = (weakref.ref(dead), (0, 0))
     del dead
     with pytest.raises(ValueError, match="already serves another model"):
-        state.keys_of(_Bucket(0, [c, b]))
+        state.keys_of(FakeBucket(0, [c, b]))

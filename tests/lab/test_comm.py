@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
+from bucket_support import FakeBucket
 from gradsift.distributed import TopKHookState, topk_hook
 from gradsift.lab import cli
 from gradsift.lab.comm import COMMS, make_hook
@@ -82,19 +83,6 @@ def test_powersgd_state_reports_its_compression_and_round_trips():
     assert (fresh.rng.get_state()[1] == state.rng.get_state()[1]).all()
 
 
-class _Bucket:
-    """What ``PowerSGDRunState.follow`` reads of DDP's GradBucket."""
-
-    def __init__(self, index, params):
-        self._index, self._params = index, params
-
-    def index(self):
-        return self._index
-
-    def parameters(self):
-        return self._params
-
-
 def test_powersgd_memories_follow_a_new_bucket_layout():
     """DDP lays its buckets out anew after the first iteration (and a resumed run
     starts in the initial layout): each parameter's error, P and Q pieces must move
@@ -123,13 +111,13 @@ def test_powersgd_memories_follow_a_new_bucket_layout():
     saved = {
         n: getattr(state, n)[0].clone() for n in ("error_dict", "p_memory_dict", "q_memory_dict")
     }
-    state.follow(_Bucket(0, [a, bias, b, c]))  # the layout the memories were written in
+    state.follow(FakeBucket(0, [a, bias, b, c]))  # the layout the memories were written in
     assert torch.equal(state.error_dict[0], saved["error_dict"])
-    state.follow(_Bucket(0, [c, b, bias, a]))  # rebuilt in gradient-ready order
+    state.follow(FakeBucket(0, [c, b, bias, a]))  # rebuilt in gradient-ready order
     assert torch.equal(state.error_dict[0], torch.cat([err[k] for k in ("C", "B", "bias", "A")]))
     assert torch.equal(state.p_memory_dict[0], torch.cat([ps[k] for k in "CAB"]))
     assert torch.equal(state.q_memory_dict[0], torch.cat([qs[k] for k in "CAB"]))
-    state.follow(_Bucket(0, [a, bias, b, c]))  # and back: exactly what was there
+    state.follow(FakeBucket(0, [a, bias, b, c]))  # and back: exactly what was there
     for name, t in saved.items():
         assert torch.equal(getattr(state, name)[0], t), name
     assert not state.pending
