@@ -30,7 +30,6 @@ restarting the error-feedback memory at zero).
 
 from __future__ import annotations
 
-import math
 import weakref
 
 import torch
@@ -39,6 +38,7 @@ import torch.distributed as dist
 from gradsift.budget import Budget, HasBudget
 from gradsift.checks import check_choice, check_float, check_int
 from gradsift.distributed import encoding as wire
+from gradsift.distributed.rounding import round_for_wire
 from gradsift.distributed.warmup import check_schedule, density_at
 from gradsift.optim.error_feedback import check_momentum_correction, sparsify_
 from gradsift.optim.workspace import Workspace
@@ -256,33 +256,11 @@ def compress_into_(state: TopKHookState, work: torch.Tensor, k: int, *, rounded:
         workspace=state._workspace,
     )
     if rounded and state.value_dtype is not None and state.value_dtype != values.dtype:
-        sent = _round(values, state.value_dtype)
+        sent = round_for_wire(values, state.value_dtype)
         if state.residual is not None:  # exact: q is within a factor 2 of a (Sterbenz)
             state.residual.index_copy_(0, idx, values - sent.to(values.dtype))
         values = sent
     return idx, values
-
-
-def _round(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``values`` in ``dtype``. Past ``top``, the largest value finite and exact in both
-    dtypes (65504 from float32 to float16; 65280 between float16 and bfloat16, where
-    65504 is no bfloat16 and float16's 65440 rounds to bfloat16's 65536), ``top`` is
-    sent and the rest stays behind, up to twice it, and nothing beyond (all stays
-    behind): so ``values - sent`` is always exact and finite (Sterbenz)."""
-    top = _top_of_both(values.dtype, dtype)
-    if top >= torch.finfo(values.dtype).max:  # every finite value rounds to a finite one
-        return values.to(dtype)
-    clipped = values.clamp(-top, top)
-    clipped = torch.where(values.abs() > 2 * top, torch.zeros_like(values), clipped)
-    return clipped.to(dtype)
-
-
-def _top_of_both(a: torch.dtype, b: torch.dtype) -> float:
-    """The largest value exact in both dtypes: ``(2 - eps) * 2^e``, the coarser one's
-    ``eps``, the smaller largest exponent ``e``."""
-    fa, fb = torch.finfo(a), torch.finfo(b)
-    exponent = min(math.floor(math.log2(fa.max)), math.floor(math.log2(fb.max)))
-    return (2.0 - max(fa.eps, fb.eps)) * 2.0**exponent
 
 
 def match_layout_(state: TopKHookState, grad: torch.Tensor, layout: list) -> None:
