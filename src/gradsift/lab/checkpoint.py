@@ -2,16 +2,17 @@
 LR schedule, DDP hook state, RNG and data-order state, history.
 
 One file, ``DIR/checkpoint.pt``, written atomically by rank 0 after every epoch, with
-the run's key (``RunSpec.key``): a checkpoint of another run is refused. Each
-rank's own state (its hook residuals, its RNG, its loader's shuffle generator) is
-gathered into it, so the file is always one consistent snapshot of every rank, and a
-resumed run continues bit for bit on CPU: on one or two ranks, and with the top-k hook
-on any number. From three ranks, a run whose DDP all-reduces bucket by bucket
-(``--comm allreduce``, ``fp16``, ``powersgd``, and the top-k hook's dense warm-up) may
-differ in the last bits after a resume: a fresh DDP lays its first step's buckets out
-otherwise than the rebuilt layout of the run it resumes, and the order in which gloo
-sums an element over three or more ranks depends on the element's position. The
-top-k hook reduces one vector in the parameters' order, whatever the buckets.
+the run's key (``RunSpec.key``): a checkpoint of another run is refused. Each rank's
+own state (its hook residuals, its RNGs: the CPU's and, for a run on a CUDA device,
+that device's; its loader's shuffle generator) is gathered into it, so the file is
+always one consistent snapshot of every rank, and a resumed run continues bit for bit
+on CPU: on one or two ranks, and with the top-k hook on any number. From three ranks,
+a run whose DDP all-reduces bucket by bucket (``--comm allreduce``, ``fp16``,
+``powersgd``, and the top-k hook's dense warm-up) may differ in the last bits after a
+resume: a fresh DDP lays its first step's buckets out otherwise than the rebuilt
+layout of the run it resumes, and the order in which gloo sums an element over three
+or more ranks depends on the element's position. The top-k hook reduces one vector in
+the parameters' order, whatever the buckets.
 """
 
 from __future__ import annotations
@@ -32,10 +33,19 @@ log = logging.getLogger(__name__)
 FILENAME = "checkpoint.pt"
 
 
+def _cuda(setup) -> torch.device | None:
+    """The run's CUDA device, whose generator (dropout, random draws on the GPU) is
+    saved beside the CPU's; None for a run on the CPU."""
+    device = torch.device(setup.device)
+    return device if device.type == "cuda" else None
+
+
 def _rank_state(setup) -> dict:
     gen = getattr(setup.data, "generator", None)
+    cuda = _cuda(setup)
     return {
         "rng": torch.get_rng_state(),
+        "cuda_rng": None if cuda is None else torch.cuda.get_rng_state(cuda),
         "loader": None if gen is None else gen.get_state(),
         "hook": None if setup.hook_state is None else setup.hook_state.state_dict(),
     }
@@ -96,6 +106,9 @@ def restore(directory, setup) -> dict | None:
         raise ValueError(f"checkpoint {path} does not fit this run: {first}") from None
     own = payload["ranks"][setup.rank]
     torch.set_rng_state(own["rng"])
+    cuda = _cuda(setup)
+    if cuda is not None and own.get("cuda_rng") is not None:  # not from a CPU run
+        torch.cuda.set_rng_state(own["cuda_rng"], cuda)
     if own["loader"] is not None:
         setup.data.generator.set_state(own["loader"])
     if setup.hook_state is not None:
