@@ -118,9 +118,17 @@ def _run_variant(name, model_name, steps, batch, rank, world) -> dict:
 
 
 def _no_comm(model_name, steps, batch) -> dict:
-    torch.manual_seed(0)
-    model = build_model(model_name)
-    times = _timed(model, model, _batches(steps, batch, 0), barrier=False)
+    """The same steps in this process without DDP, on one thread as each rank (a
+    process of its own would cost a start of Python and torch, and nothing here
+    talks to another process that could take it down)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        torch.manual_seed(0)
+        model = build_model(model_name)
+        times = _timed(model, model, _batches(steps, batch, 0), barrier=False)
+    finally:
+        torch.set_num_threads(threads)
     return {"hook": "one process, no communication", "step_ms": 1e3 * statistics.median(times)}
 
 
@@ -138,11 +146,6 @@ def _job(rank, world, port, model_name, name, steps, batch, out) -> None:
     # no rank tears its group down while the other still works (see launch.run_rank)
     dist.barrier()
     dist.destroy_process_group()
-
-
-def _no_comm_job(rank, model_name, steps, batch, out) -> None:
-    torch.set_num_threads(1)  # as each of the two ranks
-    atomic_write_json(out, _no_comm(model_name, steps, batch))
 
 
 def _isolated(fn, args: tuple, nproc: int, name: str) -> dict:
@@ -166,14 +169,14 @@ def _isolated(fn, args: tuple, nproc: int, name: str) -> dict:
 
 def _two_ranks(model, variants, steps, batch, job=None) -> list[dict]:
     """Each variant's row from its own pair of ranks (``job(rank, world, port, model,
-    name, steps, batch, out)``, ``_job`` by default), then the no-communication row."""
+    name, steps, batch, out)``, ``_job`` by default), then the no-communication row
+    from this process."""
     job = _job if job is None else job
     if model not in list_models():  # one clear error, not one per variant
         raise ValueError(f"model must be one of {list_models()}, got {model!r}")
     rows = [_isolated(job, (2, free_port(), model, name, steps, batch), 2, name)
             for name in variants]  # fmt: skip
-    no_comm = "one process, no communication"
-    rows.append(_isolated(_no_comm_job, (model, steps, batch), 1, no_comm))
+    rows.append(_no_comm(model, steps, batch))
     base = next((r["step_ms"] for r in rows if r["hook"] == "allreduce" and "step_ms" in r), None)
     for r in rows:
         if base and "step_ms" in r:
