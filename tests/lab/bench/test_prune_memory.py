@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from gradsift.lab.bench.prune_memory import ANCHOR, TRAIN_STEP, bench_prune_memory
+from gradsift.lab.bench.prune_memory import ANCHOR, COLUMNS, TRAIN_STEP, bench_prune_memory
 from gradsift.lab.cli import main
 
 
@@ -20,32 +20,42 @@ def test_prune_memory_rows():
 
 
 def test_prune_memory_command(capsys, monkeypatch):
-    import gradsift.lab.bench.prune_memory as pm
+    """The command hands its options to the bench and prints the table (the bench's
+    own rows, from fresh processes, are the tests above and the quick speed study's)."""
+    import gradsift.lab.bench as bench
 
-    monkeypatch.setattr(pm, "CASES", (ANCHOR, "magnitude"))
-    monkeypatch.setattr(pm.bench_prune_memory, "__defaults__", (1,))
-    monkeypatch.setattr(pm.bench_prune_memory, "__kwdefaults__", {
-        "cases": (ANCHOR, "magnitude"), "network": "mlp", "width": 4096, "depth": 2,
-        "sparsity": 0.9, "device": "cpu",
-    })  # fmt: skip
+    calls = []
+    row = {"iterations": 1, "seconds": 0.5, "over_anchor": 1.0, "extra_peak": 1.25,
+           "masks_peak": 1.0, "retained": 1.25, "param_bytes": 4096, "note": ""}  # fmt: skip
+
+    def run(**options):
+        calls.append(options)
+        return [{**row, "case": ANCHOR}, {**row, "case": "magnitude"}]
+
+    monkeypatch.setitem(bench.BENCHES, "prune-memory", (run, COLUMNS))
     assert main(["bench", "prune-memory", "--repeats", "1", "--width", "128"]) == 0
+    assert calls == [
+        {"repeats": 1, "device": "cpu", "network": "mlp", "width": 128, "depth": None}
+    ]
     out = capsys.readouterr().out
-    assert "magnitude" in out and "time/anchor" in out
+    assert "magnitude" in out and "time/anchor" in out and "1.25" in out
 
 
 def test_prune_memory_on_a_gpt2_from_a_config():
     """The transformer table's cases on a two-layer GPT-2, one of each kind (a case is
-    a fresh process importing transformers, 7 s here): a data-driven method prunes,
-    a method that cannot use token ids says so in the row's note (the criteria's own
-    refusals are tested in ``tests/pruning``), and a training step is the yardstick."""
+    a fresh process importing transformers, 7 s here; the anchor's own path is the MLP
+    tests'): a data-driven method prunes, a method that cannot use token ids says so in
+    the row's note (the criteria's own refusals are tested in ``tests/pruning``), and a
+    training step is the yardstick."""
     pytest.importorskip("transformers")
-    cases = (ANCHOR, "snip", "synflow", TRAIN_STEP)
+    cases = ("snip", "synflow", TRAIN_STEP)
     rows = bench_prune_memory(1, cases=cases, network="gpt2", width=64, depth=2)
     by = {r["case"]: r for r in rows}
     # the selected weights: 2 blocks x (attn 64x192 + proj 64x64 + fc 64x256 + proj 256x64)
     # and the tied output projection (50257 x 64), float32
-    assert by[ANCHOR]["param_bytes"] == 4 * (2 * (64 * 192 + 64 * 64 + 2 * 64 * 256) + 50257 * 64)
-    for case in (ANCHOR, "snip", TRAIN_STEP):
+    param_bytes = 4 * (2 * (64 * 192 + 64 * 64 + 2 * 64 * 256) + 50257 * 64)
+    assert {r["param_bytes"] for r in rows} == {param_bytes}
+    for case in ("snip", TRAIN_STEP):
         assert by[case]["seconds"] > 0 and by[case]["note"] == "", case
     assert by["synflow"]["iterations"] == 100 and math.isnan(by["synflow"]["seconds"])
     assert "token ids" in by["synflow"]["note"]
