@@ -85,7 +85,7 @@ _FULL = (
 )
 _QUICK = (
     # batches of 8: CPU convolution backward at 1x1 and 2x2 maps costs 10x its forward
-    Setting("vgg11_bn", (3, 8, 8), 10, 4, 3, 3, True,
+    Setting("vgg11_bn", (3, 8, 8), 10, 4, 3, 2, True,
             step=0.5, afresh_step=1.0, steps=3, batch=8, afresh_batch=8),
     Setting("resnet20", (3, 8, 8), 10, 1, 5, 3, False, step=0.5, afresh_step=1.0, steps=3),
 )  # fmt: skip
