@@ -41,21 +41,28 @@ def test_prune_memory_command(capsys, monkeypatch):
     assert "magnitude" in out and "time/anchor" in out and "1.25" in out
 
 
-def test_prune_memory_on_a_gpt2_from_a_config():
-    """The transformer table's cases on a two-layer GPT-2, one of each kind (a case is
-    a fresh process importing transformers, 7 s here; the anchor's own path is the MLP
-    tests'): a data-driven method prunes, a method that cannot use token ids says so in
+def test_prune_memory_on_a_gpt2_from_a_config(monkeypatch):
+    """The transformer table's cases on a two-layer GPT-2, one of each kind: the anchor
+    (``global_unstructured`` on Conv1D weights and a tied output projection), a
+    data-driven method that prunes, a method that cannot use token ids and says so in
     the row's note (the criteria's own refusals are tested in ``tests/pruning``), and a
-    training step is the yardstick."""
+    training step, the yardstick. Each case runs in this process: a fresh one imports
+    transformers, 7 s a case here, and the fresh processes are the MLP test's."""
     pytest.importorskip("transformers")
-    cases = ("snip", "synflow", TRAIN_STEP)
+    import gradsift.lab.bench.prune_memory as pm
+    from gradsift.pruning import at_init
+
+    monkeypatch.setattr(pm, "in_fresh_process", lambda fn, *args: fn(*args))
+    # a case probes the installation of masks by patching it, for its process's life
+    monkeypatch.setattr(at_init, "install_masks_", at_init.install_masks_)
+    cases = (ANCHOR, "snip", "synflow", TRAIN_STEP)
     rows = bench_prune_memory(1, cases=cases, network="gpt2", width=64, depth=2)
     by = {r["case"]: r for r in rows}
     # the selected weights: 2 blocks x (attn 64x192 + proj 64x64 + fc 64x256 + proj 256x64)
     # and the tied output projection (50257 x 64), float32
     param_bytes = 4 * (2 * (64 * 192 + 64 * 64 + 2 * 64 * 256) + 50257 * 64)
     assert {r["param_bytes"] for r in rows} == {param_bytes}
-    for case in ("snip", TRAIN_STEP):
+    for case in (ANCHOR, "snip", TRAIN_STEP):
         assert by[case]["seconds"] > 0 and by[case]["note"] == "", case
     assert by["synflow"]["iterations"] == 100 and math.isnan(by["synflow"]["seconds"])
     assert "token ids" in by["synflow"]["note"]
