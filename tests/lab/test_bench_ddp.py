@@ -2,9 +2,10 @@
 does not take the other variants' rows with it."""
 
 import pytest
+import torch
 
 from ddp_workers import ABORTS, abort_after_variant, abort_in_variant, bench_variants
-from gradsift.lab.bench.ddp_step import VARIANTS, _two_ranks, bench_ddp
+from gradsift.lab.bench.ddp_step import VARIANTS, _no_comm, _two_ranks, bench_ddp
 from worlds import rank_results, run_world
 
 
@@ -40,3 +41,12 @@ def test_a_rank_that_dies_after_the_row_was_measured_keeps_the_row():
     rows = _two_ranks("mlp", ["allreduce"], 4, 1, job=abort_after_variant)
     assert rows[0]["step_ms"] > 0 and "error" not in rows[0], rows
     assert "rank 1 died (SIGABRT)" in rows[0]["teardown_error"]
+
+
+def test_the_no_communication_row_leaves_the_callers_threads_and_random_state():
+    # it runs in the calling process (a user's, or the shaped namespace's)
+    rng, threads = torch.get_rng_state(), torch.get_num_threads()
+    row = _no_comm("mlp", 4, 1)
+    assert row["hook"] == "one process, no communication" and row["step_ms"] > 0
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert torch.get_num_threads() == threads

@@ -120,13 +120,15 @@ def _run_variant(name, model_name, steps, batch, rank, world) -> dict:
 def _no_comm(model_name, steps, batch) -> dict:
     """The same steps in this process without DDP, on one thread as each rank (a
     process of its own would cost a start of Python and torch, and nothing here
-    talks to another process that could take it down)."""
+    talks to another process that could take it down); the caller's thread count and
+    random state are left as they were."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        torch.manual_seed(0)
-        model = build_model(model_name)
-        times = _timed(model, model, _batches(steps, batch, 0), barrier=False)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            model = build_model(model_name)
+            times = _timed(model, model, _batches(steps, batch, 0), barrier=False)
     finally:
         torch.set_num_threads(threads)
     return {"hook": "one process, no communication", "step_ms": 1e3 * statistics.median(times)}
