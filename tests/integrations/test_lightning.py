@@ -48,3 +48,18 @@ def test_topk_from_configure_optimizers_and_a_warning_without_ddp():
     opt = trainer.optimizers[0]
     assert type(opt).__name__ == "TopK" and opt.state[module.net[0].weight]["residual"].any()
     assert callback.state_dict()["ranks"][0]["iter"] == 0
+
+
+@pytest.mark.parametrize("find_unused", [False, True])
+def test_find_unused_parameters_is_warned_about(one_rank, find_unused, recwarn):
+    """DDP drops the hook's values for a parameter no rank used in a step (README,
+    "DDP"): a Lightning strategy with find_unused_parameters=True gets told."""
+    from types import SimpleNamespace
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    ddp = DistributedDataParallel(torch.nn.Linear(3, 2), find_unused_parameters=find_unused)
+    trainer = SimpleNamespace(strategy=SimpleNamespace(model=ddp), precision_plugin=None)
+    TopKHookCallback(TopKHookState(density=0.5)).on_fit_start(trainer, None)
+    said = [str(w.message) for w in recwarn if "find_unused_parameters" in str(w.message)]
+    assert len(said) == int(find_unused), said

@@ -55,6 +55,14 @@ class TopKHookCallback(Callback):
             self.state.grad_scaler = getattr(trainer.precision_plugin, "scaler", None)
         if isinstance(model, DistributedDataParallel):
             model.register_comm_hook(self.state, self.hook)
+            if model.find_unused_parameters:
+                warnings.warn(
+                    "TopKHookCallback: DDP has find_unused_parameters=True: in a step where "
+                    "no rank uses a parameter, DDP drops what the hook hands back for it, "
+                    "and with it any residual the selection took from there; if that can "
+                    "happen in your model, use gradsift.TopK on each rank instead",
+                    stacklevel=2,
+                )
         else:
             warnings.warn(
                 f"TopKHookCallback: the model is not DistributedDataParallel "
