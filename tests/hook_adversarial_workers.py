@@ -187,6 +187,7 @@ def make_state(cfg, scaler=None):
         warmup=cfg.get("warmup"),
         clip_norm=cfg.get("clip"),
         grad_scaler=scaler,
+        find_unused_parameters=cfg.get("hold", False),
     )
 
 

@@ -173,9 +173,11 @@ def test_hook_compression_makes_nothing_off_the_grads_device(encoding):
     torch.testing.assert_close(sent, values, rtol=0, atol=0)
 
 
-def test_the_ddp_hook_makes_nothing_off_the_grads_device(one_rank):
+@pytest.mark.parametrize("unused", [False, True], ids=["", "find_unused_parameters"])
+def test_the_ddp_hook_makes_nothing_off_the_grads_device(one_rank, unused):
     """The whole hook in a one-rank DDP world (its header's all-gather included: NCCL
-    refuses a CPU buffer for CUDA gradients), bit for bit the run made without meta."""
+    refuses a CPU buffer for CUDA gradients), bit for bit the run made without meta;
+    with find_unused_parameters, the flags' all-reduce too."""
     from torch.nn.parallel import DistributedDataParallel
 
     from gradsift.distributed import topk_hook
@@ -188,8 +190,9 @@ def test_the_ddp_hook_makes_nothing_off_the_grads_device(one_rank):
 
     params = []
     for hook in (topk_hook, on_meta_hook):
-        model = DistributedDataParallel(_mlp())
-        state = TopKHookState(density=0.01, start_iter=1)  # a dense step, then sparse
+        model = DistributedDataParallel(_mlp(), find_unused_parameters=unused)
+        # a dense step, then sparse
+        state = TopKHookState(density=0.01, start_iter=1, find_unused_parameters=unused)
         model.register_comm_hook(state, hook)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         for x in batches:

@@ -27,7 +27,10 @@ CONFIGS = {
     "buckets": dict(density=0.01, start_iter=1, cap_mb=0.01, min_buckets=2),
     "nan-rank1": dict(density=0.01, start_iter=0, nan_at=2, steps=4),
     "unused-on-rank1": dict(density=0.01, start_iter=0, unused=True),
+    # find_unused_parameters on the state: a parameter one rank uses is used (not held)
+    "unused-on-rank1-held": dict(density=0.01, start_iter=0, unused=True, hold=True),
     "scaler": dict(density=0.01, start_iter=0, scaler=True, nan_at=2, steps=5),
+    "scaler-held": dict(density=0.01, start_iter=0, scaler=True, nan_at=2, steps=5, hold=True),
 }
 
 

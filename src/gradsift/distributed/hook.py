@@ -26,10 +26,10 @@ peer", a timeout) into every bucket's future, never a decoding error.
 The dense path of the first ``start_iter`` iterations is torch's own
 ``allreduce_hook`` per bucket.
 
-Not for a parameter that no rank uses in a step (``find_unused_parameters=True``):
-DDP leaves its ``.grad`` alone and drops the bucket's slot for it, and with it any
-residual the selection took from there. The hook cannot see DDP's map of unused
-parameters; ``TopK`` on each rank skips a parameter without a gradient instead.
+With ``DistributedDataParallel(find_unused_parameters=True)``, give the state
+``find_unused_parameters=True`` too: DDP drops what the hook hands back for a
+parameter that no rank used in a step, so such a parameter is held out of the step's
+selection and its residual kept (``gradsift.distributed.unused``).
 """
 
 # No ``from __future__ import annotations`` here: DDP checks the hook's return
@@ -43,6 +43,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from gradsift.checks import all_finite
 from gradsift.distributed import encoding as wire
 from gradsift.distributed.cost import sparse_pays
+from gradsift.distributed.loss_scale import rescale_for_grad_scaler_
 from gradsift.distributed.state import (
     TopKHookState,
     compress_,
@@ -50,6 +51,7 @@ from gradsift.distributed.state import (
     match_layout_,
     message_bytes,
 )
+from gradsift.distributed.unused import hold_out_unused_, restore_held_
 
 __all__ = ["TopKHookState", "topk_hook", "compress_"]
 
@@ -113,12 +115,17 @@ def _finish(state: TopKHookState, stash) -> None:
     iteration, state.iter = state.iter, state.iter + 1
     if finite and state.clip_norm is not None:  # DGC Sec. 3.3: clip before accumulating
         _clip_(state, flat, world)
+    held = []
+    if finite and state.find_unused_parameters:
+        rescale_for_grad_scaler_(state)  # what is set aside, in the current scale's units
+        held = hold_out_unused_(state, flat, [size for _, size, _, _ in entries])
     k = state.budget_at(iteration).resolve(n)
     encoding, size = message_bytes(state, n, k, flat.dtype)
     if not finite or (state.dense_if_larger and not sparse_pays(size, n, element, world)):
         _dense(state, flat, finite, world)
     else:
         _sparse(state, flat, k, encoding, world)
+    restore_held_(state, held)
     _scatter(stash, entries, flat)
 
 

@@ -38,6 +38,7 @@ import torch.distributed as dist
 from gradsift.budget import Budget, HasBudget
 from gradsift.checks import check_choice, check_float, check_int
 from gradsift.distributed import encoding as wire
+from gradsift.distributed.loss_scale import rescale_for_grad_scaler_
 from gradsift.distributed.rounding import round_for_wire
 from gradsift.distributed.warmup import check_schedule, density_at
 from gradsift.optim.error_feedback import check_momentum_correction, sparsify_
@@ -77,6 +78,10 @@ class TopKHookState(HasBudget):
         grad_scaler: the ``torch.amp.GradScaler`` scaling the loss: the residual is
             rescaled when its scale changes (exactly with GradScaler's default growth
             and backoff factors, 2 and 0.5: a power of two).
+        find_unused_parameters: set it as DDP's: a parameter whose gradient is zero
+            on every rank in a step is held out of that step's selection
+            (``gradsift.distributed.unused``), since DDP drops what the hook hands back
+            for a parameter no rank used.
 
     ``bytes_sent`` counts what this rank contributed, ``bytes_dense`` what plain
     allreduce would have; ``compression_ratio`` is their quotient.
@@ -88,7 +93,8 @@ class TopKHookState(HasBudget):
     __slots__ = (
         "budget", "error_feedback", "start_iter", "dense_if_larger", "process_group",
         "encoding", "value_dtype", "momentum_correction", "warmup", "clip_norm",
-        "grad_scaler", *_SAVED, "_keys", "_keyed_at", "_workspace", "_stash", "_flat",
+        "grad_scaler", "find_unused_parameters", *_SAVED,
+        "_keys", "_keyed_at", "_workspace", "_stash", "_flat",
     )  # fmt: skip
 
     def __init__(
@@ -106,6 +112,7 @@ class TopKHookState(HasBudget):
         warmup=None,
         clip_norm: float | None = None,
         grad_scaler=None,
+        find_unused_parameters: bool = False,
     ) -> None:
         self.budget = Budget(k=k, density=density)
         self.start_iter = check_int("start_iter", start_iter, minimum=0)
@@ -123,6 +130,11 @@ class TopKHookState(HasBudget):
             None if clip_norm is None else check_float("clip_norm", clip_norm, "(0, inf)")
         )  # noqa: E501
         self.grad_scaler = grad_scaler
+        if not isinstance(find_unused_parameters, bool):
+            raise TypeError(
+                f"find_unused_parameters must be True or False, got {find_unused_parameters!r}"
+            )
+        self.find_unused_parameters = find_unused_parameters
         self.iter, self.bytes_sent, self.bytes_dense = 0, 0, 0
         self.residual = self.velocity = self.scale = None
         self.rank: int | None = None
@@ -280,18 +292,6 @@ def match_layout_(state: TopKHookState, grad: torch.Tensor, layout: list) -> Non
             setattr(state, name, torch.zeros_like(grad))
         elif current is not None:
             setattr(state, name, current.to(device=grad.device, dtype=grad.dtype))
-
-
-def rescale_for_grad_scaler_(state: TopKHookState) -> None:
-    """Keep the memory in the loss scale's units (exact for GradScaler's default factors)."""
-    if state.grad_scaler is None or not state.grad_scaler.is_enabled():
-        return
-    scale = float(state.grad_scaler.get_scale())
-    if state.scale is not None and scale != state.scale:
-        for t in (state.residual, state.velocity):
-            if t is not None:
-                t.mul_(scale / state.scale)
-    state.scale = scale
 
 
 def message_bytes(state: TopKHookState, n: int, k: int, dtype: torch.dtype) -> tuple[str, int]:

@@ -6,7 +6,9 @@ callback registers it in ``on_fit_start``, after the strategy has wrapped the mo
 in ``DistributedDataParallel``, on CPU and CUDA alike, and hands the hook the
 ``GradScaler`` of Lightning's float16 mixed precision (``precision="16-mixed"``), so
 that the residual is kept in the loss scale's units and ``clip_norm`` is read in them
-(a state given its own ``grad_scaler`` keeps it). It also checkpoints the hook's
+(a state given its own ``grad_scaler`` keeps it), and under a strategy with
+``find_unused_parameters=True`` sets the state's own, so that a parameter no rank used
+in a step keeps its residual. It also checkpoints the hook's
 per-rank state inside Lightning's one checkpoint file: ``state_dict`` gathers every
 rank's state (Lightning calls it on every rank), ``load_state_dict`` takes this
 rank's own.
@@ -54,15 +56,9 @@ class TopKHookCallback(Callback):
         if self.state.grad_scaler is None:  # "16-mixed" scales the loss: follow its scale
             self.state.grad_scaler = getattr(trainer.precision_plugin, "scaler", None)
         if isinstance(model, DistributedDataParallel):
+            # DDP drops the hook's values for a parameter no rank used: hold those out
+            self.state.find_unused_parameters |= bool(model.find_unused_parameters)
             model.register_comm_hook(self.state, self.hook)
-            if model.find_unused_parameters:
-                warnings.warn(
-                    "TopKHookCallback: DDP has find_unused_parameters=True: in a step where "
-                    "no rank uses a parameter, DDP drops what the hook hands back for it, "
-                    "and with it any residual the selection took from there; if that can "
-                    "happen in your model, use gradsift.TopK on each rank instead",
-                    stacklevel=2,
-                )
         else:
             warnings.warn(
                 f"TopKHookCallback: the model is not DistributedDataParallel "
