@@ -19,8 +19,10 @@ def nccl_rank():
     dist.destroy_process_group()
 
 
-def test_the_hook_trains_over_nccl_as_the_topk_wrapper_does(nccl_rank):
-    """Over NCCL the hook runs (header, sparse all-gather) and does the maths of
+@pytest.mark.parametrize("unused", [False, True], ids=["", "find_unused_parameters"])
+def test_the_hook_trains_over_nccl_as_the_topk_wrapper_does(nccl_rank, unused):
+    """Over NCCL the hook runs (header, sparse all-gather; with find_unused_parameters
+    the used-flags' all-reduce, every parameter used here) and does the maths of
     ``TopK(SGD)`` with error feedback in one process (equal up to float32 rounding)."""
     from torch.nn.parallel import DistributedDataParallel
 
@@ -32,8 +34,8 @@ def test_the_hook_trains_over_nccl_as_the_topk_wrapper_does(nccl_rank):
     b = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 5))
     b.load_state_dict(a.state_dict())
     a, b = a.cuda(), b.cuda()
-    ddp = DistributedDataParallel(a, device_ids=[0])
-    state = TopKHookState(k=30, start_iter=0)
+    ddp = DistributedDataParallel(a, device_ids=[0], find_unused_parameters=unused)
+    state = TopKHookState(k=30, start_iter=0, find_unused_parameters=unused)
     ddp.register_comm_hook(state, topk_hook)
     opt_a = torch.optim.SGD(ddp.parameters(), lr=0.1)
     opt_b = TopK(torch.optim.SGD(b.parameters(), lr=0.1), k=30)
