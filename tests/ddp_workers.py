@@ -264,12 +264,14 @@ def dgc_two_ranks(rank, world):
     return rank, diff
 
 
-def mismatched_state(rank, world, port, queue):
-    """Rank 1 resumes the hook from another model's state: an error on both ranks."""
+def mismatched_state(rank, world, port, queue, how="model"):
+    """Rank 1 resumes the hook from another model's state (or, ``how="find_unused"``,
+    holds unused parameters out where rank 0 does not): an error on both ranks."""
     init(rank, world, port, timeout_s=20)
     ddp = DDP(small_model())
-    state = TopKHookState(density=0.1, start_iter=0)
-    if rank == 1:
+    unused = how == "find_unused" and rank == 1
+    state = TopKHookState(density=0.1, start_iter=0, find_unused_parameters=unused)
+    if rank == 1 and how == "model":
         other = TopKHookState(density=0.1)
         from gradsift.distributed import compress_
 

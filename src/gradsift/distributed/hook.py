@@ -166,6 +166,7 @@ def _exchange_header(state: TopKHookState, flat, layout, world) -> bool:
             int(state.residual is not None),
             -1 if state.rank is None else state.rank,
             -1 if state.world_size is None else state.world_size,
+            int(state.find_unused_parameters),  # an extra collective: the same on every rank
         ],
         dtype=torch.int64,
         device=flat.device,  # NCCL gathers CUDA tensors only
@@ -176,13 +177,17 @@ def _exchange_header(state: TopKHookState, flat, layout, world) -> bool:
     rows = torch.stack([g.cpu() for g in gathered])
     _check_owners(rows[:, 5].tolist(), rows[:, 6].tolist(), world)
     state.rank, state.world_size = dist.get_rank(state.process_group), world
-    for column, what in ((1, "iteration"), (2, "model size"), (3, "parameter layout")):
+    resumed = "was a rank resumed from another checkpoint?"
+    checked = ((1, "iteration", resumed), (2, "model size", resumed),
+               (3, "parameter layout", resumed),
+               (7, "find_unused_parameters", "give every rank's state the same"))  # fmt: skip
+    for column, what, hint in checked:
         differ = torch.nonzero(rows[:, column] != rows[0, column]).flatten().tolist()
         if differ:
             shown = "" if column == 3 else f" ({rows[:, column].tolist()} by rank)"
             raise ValueError(
                 f"top-k hook states differ across ranks in {what}: rank(s) {differ} differ "
-                f"from rank 0{shown}; was a rank resumed from another checkpoint?"
+                f"from rank 0{shown}; {hint}"
             )
     match_layout_(state, flat, layout)
     return not bool(rows[:, 0].any())
