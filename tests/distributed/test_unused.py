@@ -39,13 +39,19 @@ class Scales:
         return self.scales[self.step]
 
 
-def _train(find_unused_parameters: bool, dense_if_larger: bool, scaler=None):
+SPARSE = {"density": 0.1, "dense_if_larger": False}
+# the first step sparse (b's residual builds up), then dense: the bytes model finds
+# that all 10 float64 coordinates with int64 indices cost no less than the dense vector
+DENSE_AFTER_ONE = {"density": 1.0, "encoding": "int64", "warmup": [(1, 0.1)]}
+
+
+def _train(find_unused_parameters: bool, scaler=None, **options):
     """Per parameter: every step's own gradient summed, what DDP applied summed, and
     the residual left; plus b's residual after each step."""
     model = TwoBranches().double()
     state = TopKHookState(
-        density=0.1, start_iter=0, dense_if_larger=dense_if_larger,
-        find_unused_parameters=find_unused_parameters, grad_scaler=scaler,
+        start_iter=0, find_unused_parameters=find_unused_parameters, grad_scaler=scaler,
+        **options,
     )  # fmt: skip
     ddp = DistributedDataParallel(model, find_unused_parameters=True)
     ddp.register_comm_hook(state, topk_hook)
@@ -75,9 +81,9 @@ def _residual(state, p):
     return state.residuals[state._keys[id(p)][1]]
 
 
-@pytest.mark.parametrize("dense_if_larger", [False, True], ids=["sparse", "bytes-model"])
-def test_an_unused_parameter_keeps_its_residual_and_no_mass_is_lost(one_rank, dense_if_larger):
-    grads, applied, left, b_residuals = _train(True, dense_if_larger)
+@pytest.mark.parametrize("options", [SPARSE, DENSE_AFTER_ONE], ids=["sparse", "dense"])
+def test_an_unused_parameter_keeps_its_residual_and_no_mass_is_lost(one_rank, options):
+    grads, applied, left, b_residuals = _train(True, **options)
     for n in grads:  # sum of gradients == what was applied + what is still held
         torch.testing.assert_close(applied[n] + left[n], grads[n], rtol=1e-12, atol=1e-12)
     # in the steps that do not use b, its residual waits untouched
@@ -90,7 +96,7 @@ def test_an_unused_parameter_keeps_its_residual_and_no_mass_is_lost(one_rank, de
 def test_a_held_residual_follows_the_loss_scale(one_rank):
     """The loss scale doubles in a step that does not use b: b's residual, set aside,
     comes back in the new scale's units (rescaled before it is set aside)."""
-    _, _, _, b_residuals = _train(True, False, Scales([1.0, 2.0, 2.0, 2.0, 2.0]))
+    _, _, _, b_residuals = _train(True, Scales([1.0, 2.0, 2.0, 2.0, 2.0]), **SPARSE)
     torch.testing.assert_close(b_residuals[1], 2 * b_residuals[0], rtol=0, atol=0)
     assert torch.equal(b_residuals[2], b_residuals[1])
 
@@ -98,7 +104,7 @@ def test_a_held_residual_follows_the_loss_scale(one_rank):
 def test_without_the_flag_ddp_drops_what_was_selected_from_an_unused_parameter(one_rank):
     """What the flag is for: the selection takes b's residual in a step without b,
     and DDP drops it (the mass is neither applied nor held)."""
-    grads, applied, left, _ = _train(False, False)
+    grads, applied, left, _ = _train(False, **SPARSE)
     lost = sum((grads[n] - applied[n] - left[n]).abs().sum() for n in ("b.weight", "b.bias"))
     assert lost > 1.0
 
