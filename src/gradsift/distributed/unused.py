@@ -34,21 +34,26 @@ def hold_out_unused_(state, flat: torch.Tensor, sizes: list[int]) -> list[tuple]
     used = (torch.stack(norms) > 0).to(torch.int32)
     dist.all_reduce(used, op=dist.ReduceOp.MAX, group=state.process_group)
     state.bytes_sent += used.numel() * used.element_size()
+    memory = _memory(state)
     held, offset = [], 0
     for size, was_used in zip(sizes, used.tolist()):
         if not was_used and size:
             span = slice(offset, offset + size)
-            memory = [t[span] for t in (state.residual, state.velocity) if t is not None]
-            held.append((span, [m.clone() for m in memory]))
-            for m in memory:
-                m.zero_()
+            held.append((span, [t[span].clone() for t in memory]))
+            for t in memory:
+                t[span].zero_()
         offset += size
     return held
 
 
 def restore_held_(state, held: list[tuple]) -> None:
     """Put the memory set aside by ``hold_out_unused_`` back."""
+    memory = _memory(state)
     for span, saved in held:
-        memory = [t for t in (state.residual, state.velocity) if t is not None]
         for t, s in zip(memory, saved):
             t[span].copy_(s)
+
+
+def _memory(state) -> list[torch.Tensor]:
+    """The error-feedback memory: the residual, and the velocity where there is one."""
+    return [t for t in (state.residual, state.velocity) if t is not None]
