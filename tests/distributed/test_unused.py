@@ -112,3 +112,19 @@ def test_without_the_flag_ddp_drops_what_was_selected_from_an_unused_parameter(o
 def test_find_unused_parameters_must_be_a_bool():
     with pytest.raises(TypeError, match="find_unused_parameters must be True or False"):
         TopKHookState(density=0.1, find_unused_parameters="yes")
+
+
+def test_the_velocity_is_held_with_the_residual(one_rank):
+    """DGC's momentum correction keeps a velocity beside the residual: both are set
+    aside for a parameter with a zero gradient, and both come back."""
+    from gradsift.distributed.unused import hold_out_unused_, restore_held_
+
+    state = TopKHookState(density=0.5, momentum_correction=0.9, find_unused_parameters=True)
+    state.residual, state.velocity = torch.arange(1.0, 6.0), torch.arange(11.0, 16.0)
+    before = state.residual.clone(), state.velocity.clone()
+    flat = torch.tensor([0.5, 0.0, 0.0, 0.0, -1.0])  # parameters of 1, 3 and 1 values
+    held = hold_out_unused_(state, flat, [1, 3, 1])
+    assert state.residual.tolist() == [1.0, 0.0, 0.0, 0.0, 5.0]
+    assert state.velocity.tolist() == [11.0, 0.0, 0.0, 0.0, 15.0]
+    restore_held_(state, held)
+    assert torch.equal(state.residual, before[0]) and torch.equal(state.velocity, before[1])
