@@ -266,11 +266,16 @@ def dgc_two_ranks(rank, world):
 
 def mismatched_state(rank, world, port, queue, how="model"):
     """Rank 1 resumes the hook from another model's state (or, ``how="find_unused"``,
-    holds unused parameters out where rank 0 does not): an error on both ranks."""
+    holds unused parameters out where rank 0 does not; ``how="error_feedback"``, both
+    hold out but rank 1 keeps no residual, so runs no hold-out collective): an error
+    on both ranks."""
     init(rank, world, port, timeout_s=20)
     ddp = DDP(small_model())
-    unused = how == "find_unused" and rank == 1
-    state = TopKHookState(density=0.1, start_iter=0, find_unused_parameters=unused)
+    unused = (how == "find_unused" and rank == 1) or how == "error_feedback"
+    feedback = not (how == "error_feedback" and rank == 1)
+    state = TopKHookState(
+        density=0.1, start_iter=0, find_unused_parameters=unused, error_feedback=feedback
+    )
     if rank == 1 and how == "model":
         other = TopKHookState(density=0.1)
         from gradsift.distributed import compress_

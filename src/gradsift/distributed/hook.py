@@ -163,7 +163,7 @@ def _exchange_header(state: TopKHookState, flat, layout, world) -> bool:
             state.iter,
             flat.numel(),
             digest,
-            int(state.residual is not None),
+            int(state.error_feedback or state.residual is not None),  # a residual: one below
             -1 if state.rank is None else state.rank,
             -1 if state.world_size is None else state.world_size,
             int(state.find_unused_parameters),  # an extra collective: the same on every rank
@@ -180,6 +180,7 @@ def _exchange_header(state: TopKHookState, flat, layout, world) -> bool:
     resumed = "was a rank resumed from another checkpoint?"
     checked = ((1, "iteration", resumed), (2, "model size", resumed),
                (3, "parameter layout", resumed),
+               (4, "error_feedback", "give every rank's state the same"),
                (7, "find_unused_parameters", "give every rank's state the same"))  # fmt: skip
     for column, what, hint in checked:
         differ = torch.nonzero(rows[:, column] != rows[0, column]).flatten().tolist()
