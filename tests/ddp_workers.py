@@ -438,3 +438,9 @@ def epoch_losses(rank, world):
     with torch.no_grad():
         own = F.cross_entropy(model(x), y).item()
     return own, reported[0]
+
+
+def write_environ(rank, name, out):
+    """Write this process's ``os.environ[name]`` (or "unset") to ``out`` + rank."""
+    with open(f"{out}{rank}", "w") as f:
+        f.write(os.environ.get(name, "unset"))

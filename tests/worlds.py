@@ -1,12 +1,13 @@
-"""gloo worlds of spawned CPU ranks that serve one multi-rank test after another.
+"""gloo worlds of CPU ranks that serve one multi-rank test after another.
 
-Starting a rank (spawning Python, importing torch and the FSDP stack, joining a process
-group) costs seconds on a 2-core machine, and the sharded tests need about fifty
-worlds: a world of each size is therefore started once and kept. Each call runs
+Starting a rank (a fork of the lab's server, ``gradsift.lab.processes``, then importing
+the FSDP stack and joining a process group) costs seconds on a 2-core machine, and the
+sharded tests need about fifty worlds: a world of each size is therefore started once
+and kept. Each call runs
 ``target(rank, world, *extra)`` on every rank and collects the results by rank.
 
 - Before each call a rank's random state is put back to what it was when the rank
-  started, so a call sees what a freshly spawned process would.
+  started, so a call sees what a freshly started process would.
 - A world whose call failed (an error on any rank, a timeout, a rank that died) is
   killed, and the next call starts a new one: ranks left inside a collective must not
   serve another test.
@@ -19,7 +20,6 @@ worlds: a world of each size is therefore started once and kept. Each call runs
 from __future__ import annotations
 
 import atexit
-import multiprocessing as mp
 import queue as queue_module
 import random
 import time
@@ -27,6 +27,8 @@ import traceback
 
 import torch
 import torch.distributed as dist
+
+from gradsift.lab import processes
 
 __all__ = ["rank_results", "run_world"]
 
@@ -75,7 +77,7 @@ class _World:
     def __init__(self, size: int) -> None:
         from gradsift.lab.launch import free_port
 
-        ctx = mp.get_context("spawn")
+        ctx = processes.context()
         self.size = size
         self.inboxes = [ctx.Queue() for _ in range(size)]
         self.outbox = ctx.Queue()

@@ -5,13 +5,13 @@ most on the kept 2-rank world of ``worlds``; those whose ranks die, raise or set
 their own timeouts on purpose in processes of their own (``run_two``), killed after.
 """
 
-import multiprocessing as mp
 import queue as queue_module
 
 import pytest
 import torch
 
 import ddp_workers as dist_workers
+from gradsift.lab import processes
 from gradsift.lab.launch import free_port
 from worlds import rank_results, run_world
 
@@ -19,7 +19,7 @@ DEADLINE_S = 120
 
 
 def run_two(target, *extra, expect=2):
-    ctx = mp.get_context("spawn")
+    ctx = processes.context()
     q = ctx.Queue()
     port = free_port()
     procs = [ctx.Process(target=target, args=(r, 2, port, q, *extra)) for r in range(2)]

@@ -1,4 +1,4 @@
-"""Starting data-parallel runs: ``gradsift train --nproc N`` spawns N local processes;
+"""Starting data-parallel runs: ``gradsift train --nproc N`` starts N local processes;
 under ``torchrun`` (which sets ``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT``)
 each process joins directly: ``torchrun --nproc-per-node 2 -m gradsift train ...``."""
 
@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from gradsift.lab import processes
 from gradsift.lab.atomic import atomic_write_json, read_json
 from gradsift.lab.parallel import init_process_group
 from gradsift.lab.runs import run_one
@@ -105,15 +106,24 @@ class RankFailedError(RuntimeError):
 
 
 def run_processes(fn, args: tuple, nproc: int) -> None:
-    """``fn(rank, *args)`` in ``nproc`` spawned processes. When one fails, the others
-    are stopped and ``RankFailedError`` says which rank and why, in one line."""
+    """``fn(rank, *args)`` in ``nproc`` new processes (``gradsift.lab.processes``),
+    under this process's environment. When one fails, the others are stopped and
+    ``RankFailedError`` says which rank and why, in one line."""
     import torch.multiprocessing as mp
 
+    method = processes.context().get_start_method()
     try:
-        mp.start_processes(fn, args=args, nprocs=nproc, join=True, start_method="spawn")
+        mp.start_processes(
+            _rank_in_environ, args=(dict(os.environ), fn, *args), nprocs=nproc, join=True,
+            start_method=method,
+        )  # fmt: skip
     except mp.ProcessRaisedException as exc:
         lines = [line for line in str(exc).splitlines() if line.strip()]
         raise RankFailedError(f"rank {exc.error_index} failed: {lines[-1].strip()}") from None
     except mp.ProcessExitedException as exc:
         how = exc.signal_name or f"exit code {exc.exit_code}"
         raise RankFailedError(f"rank {exc.error_index} died ({how})") from None
+
+
+def _rank_in_environ(rank: int, environ: dict, fn, *args) -> None:
+    processes.in_environ(environ, fn, rank, *args)

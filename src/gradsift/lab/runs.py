@@ -6,7 +6,6 @@ atomically."""
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -15,6 +14,7 @@ from dataclasses import asdict
 import torch
 
 from gradsift import prune_at_init, sparsity_report
+from gradsift.lab import processes
 from gradsift.lab.atomic import atomic_write_json
 from gradsift.lab.comm import dense_ratio
 from gradsift.lab.data import load_dataset, loader
@@ -170,9 +170,11 @@ def run_many(specs: list[RunSpec], *, jobs: int = 1, progress: bool = False, in_
     if jobs == 1 or len(specs) <= 1:
         yield from (run_one(spec, progress=progress) for spec in specs)
         return
-    context = multiprocessing.get_context("spawn")  # fork would copy torch's thread pools
     with ProcessPoolExecutor(
-        min(jobs, len(specs)), mp_context=context, initializer=torch.set_num_threads, initargs=(1,)
+        min(jobs, len(specs)),
+        mp_context=processes.context(),  # not fork, which would copy torch's thread pools
+        initializer=processes.in_environ,
+        initargs=(dict(os.environ), torch.set_num_threads, 1),
     ) as pool:
         futures = [pool.submit(run_one, spec) for spec in specs]
         failure = None
