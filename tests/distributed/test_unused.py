@@ -43,6 +43,23 @@ SPARSE = {"density": 0.1, "dense_if_larger": False}
 # the first step sparse (b's residual builds up), then dense: the bytes model finds
 # that all 10 float64 coordinates with int64 indices cost no less than the dense vector
 DENSE_AFTER_ONE = {"density": 1.0, "encoding": "int64", "warmup": [(1, 0.1)]}
+PATHS = {"sparse": ["sparse"] * 5, "dense": ["sparse"] + ["dense"] * 4}
+
+
+def _spy_paths(monkeypatch) -> list[str]:
+    """The hook's path ("sparse" or "dense") in each step, in order."""
+    from gradsift.distributed import hook
+
+    paths = []
+    for name in ("_sparse", "_dense"):
+        real = getattr(hook, name)
+
+        def spy(*args, _real=real, _path=name[1:]):
+            paths.append(_path)
+            return _real(*args)
+
+        monkeypatch.setattr(hook, name, spy)
+    return paths
 
 
 def _train(find_unused_parameters: bool, scaler=None, **options):
@@ -82,8 +99,12 @@ def _residual(state, p):
 
 
 @pytest.mark.parametrize("options", [SPARSE, DENSE_AFTER_ONE], ids=["sparse", "dense"])
-def test_an_unused_parameter_keeps_its_residual_and_no_mass_is_lost(one_rank, options):
+def test_an_unused_parameter_keeps_its_residual_and_no_mass_is_lost(
+    one_rank, monkeypatch, request, options
+):
+    paths = _spy_paths(monkeypatch)
     grads, applied, left, b_residuals = _train(True, **options)
+    assert paths == PATHS[request.node.callspec.id], paths  # each path is tested
     for n in grads:  # sum of gradients == what was applied + what is still held
         torch.testing.assert_close(applied[n] + left[n], grads[n], rtol=1e-12, atol=1e-12)
     # in the steps that do not use b, its residual waits untouched
