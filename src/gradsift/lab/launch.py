@@ -126,4 +126,5 @@ def run_processes(fn, args: tuple, nproc: int) -> None:
 
 
 def _rank_in_environ(rank: int, environ: dict, fn, *args) -> None:
-    processes.in_environ(environ, fn, rank, *args)
+    processes.adopt_environ(environ)
+    fn(rank, *args)

@@ -160,6 +160,11 @@ def usable_cores() -> int:
     return os.cpu_count() or 1
 
 
+def _worker_init(environ: dict) -> None:
+    processes.adopt_environ(environ)
+    torch.set_num_threads(1)
+
+
 def run_many(specs: list[RunSpec], *, jobs: int = 1, progress: bool = False, in_order=False):
     """Each spec's record (``run_one``), in this process or in ``jobs`` single-threaded
     worker processes; as they finish, or in the order of ``specs`` with ``in_order``.
@@ -173,8 +178,8 @@ def run_many(specs: list[RunSpec], *, jobs: int = 1, progress: bool = False, in_
     with ProcessPoolExecutor(
         min(jobs, len(specs)),
         mp_context=processes.context(),  # not fork, which would copy torch's thread pools
-        initializer=processes.in_environ,
-        initargs=(dict(os.environ), torch.set_num_threads, 1),
+        initializer=_worker_init,
+        initargs=(dict(os.environ),),
     ) as pool:
         futures = [pool.submit(run_one, spec) for spec in specs]
         failure = None

@@ -25,6 +25,27 @@ def test_the_result_comes_from_another_process():
     assert pid != os.getpid() and total == 6
 
 
+def _sees(name):
+    from gradsift.lab.bench import memory
+
+    return hasattr(memory, name), os.environ.get(name)
+
+
+def test_the_child_sees_none_of_this_processs_memory_and_all_of_its_environment(
+    monkeypatch,
+):
+    """What this process set at run time is not in the child (not a fork of it), but
+    its environment is, as it is now (a fork server started earlier keeps the older
+    one, as ``gradsift.lab.processes`` says)."""
+    from gradsift.lab.bench import memory
+
+    name = "GRADSIFT_TEST_FRESH"
+    in_fresh_process(_pid_and_sum)  # a child (and any server) before the variable is set
+    monkeypatch.setattr(memory, name, 1, raising=False)
+    monkeypatch.setenv(name, "here")
+    assert in_fresh_process(_sees, name) == (False, "here")
+
+
 def test_a_dead_child_raises_at_once():
     start = time.monotonic()
     with pytest.raises(BrokenProcessPool):
