@@ -444,3 +444,15 @@ def write_environ(rank, name, out):
     """Write this process's ``os.environ[name]`` (or "unset") to ``out`` + rank."""
     with open(f"{out}{rank}", "w") as f:
         f.write(os.environ.get(name, "unset"))
+
+
+def nccl_one_rank(rank, port, out):
+    """One NCCL rank on cuda:0: all-reduce a tensor made on the device, write the sum."""
+    torch.cuda.set_device(0)
+    url = f"tcp://127.0.0.1:{port}"
+    dist.init_process_group("nccl", rank=rank, world_size=1, init_method=url)
+    t = torch.arange(4.0, device="cuda")
+    dist.all_reduce(t)
+    with open(out, "w") as f:
+        f.write(repr(float(t.sum())))
+    dist.destroy_process_group()
