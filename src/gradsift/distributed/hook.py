@@ -7,10 +7,11 @@ model, as ``TopK``'s: every bucket's gradient is held until DDP hands over the l
 one and concatenated in one vector (in the widest of the buckets' dtypes: DDP buckets
 each dtype apart); then, on every rank, in the same order:
 
-1. a small all-gather of a header (finite flag, iteration, size, layout): a rank
-   whose state does not match the others' is an error on every rank, and a
-   non-finite gradient anywhere sends every bucket through a plain allreduce, so
-   that ``GradScaler`` sees the inf/NaN on every rank and skips the step (the
+1. a small all-gather of a header (finite flag, iteration, size, layout, and the
+   state's ``error_feedback`` and ``find_unused_parameters``, which decide the
+   collectives): a rank whose state does not match the others' is an error on
+   every rank, and a non-finite gradient anywhere sends every bucket through a
+   plain allreduce, so that ``GradScaler`` sees the inf/NaN on every rank and skips the step (the
    residuals are untouched);
 2. if the bytes model (``gradsift.distributed.cost``) says sparse pays: one
    all-gather of every rank's encoded top-k (``gradsift.distributed.encoding``),
