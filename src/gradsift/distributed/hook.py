@@ -11,8 +11,8 @@ each dtype apart); then, on every rank, in the same order:
    state's ``error_feedback`` and ``find_unused_parameters``, which decide the
    collectives): a rank whose state does not match the others' is an error on
    every rank, and a non-finite gradient anywhere sends every bucket through a
-   plain allreduce, so that ``GradScaler`` sees the inf/NaN on every rank and skips the step (the
-   residuals are untouched);
+   plain allreduce, so that ``GradScaler`` sees the inf/NaN on every rank and
+   skips the step (the residuals are untouched);
 2. if the bytes model (``gradsift.distributed.cost``) says sparse pays: one
    all-gather of every rank's encoded top-k (``gradsift.distributed.encoding``),
    scatter-added and divided by the world size; else the residual is flushed into
