@@ -1,5 +1,7 @@
 """Data-parallel runs end to end: ``gradsift train --nproc 2`` (2 gloo processes),
-its checkpoint/resume, and the torchrun path; every process under a deadline."""
+its checkpoint/resume, and the torchrun path. A command run as a process of its own
+runs under a deadline; one run from the test's process (``run_cli``, whose ranks fork
+from its warm server) under its ranks' gloo timeouts."""
 
 import json
 import os
@@ -46,10 +48,12 @@ def _interrupt_after_first_checkpoint(args, directory):
         proc.wait()
 
 
-def test_train_nproc_2_writes_one_record_and_resumes_as_if_uninterrupted(tmp_path):
+def test_train_nproc_2_writes_one_record_and_resumes_as_if_uninterrupted(tmp_path, capsys):
+    """The uninterrupted and the resumed runs are started from this process (its fork
+    server is warm: 9 s less); the interrupted one is a process of its own to kill."""
     args = [*TRAIN, "--epochs", "3", "--batch-size", "8", "--nproc", "2"]
     full, cut = tmp_path / "full", tmp_path / "cut"
-    gradsift(*args, "--checkpoint", str(full), "--out", str(tmp_path))
+    assert run_cli([*args, "--checkpoint", str(full), "--out", str(tmp_path)], capsys)[0] == 0
     record = json.loads((tmp_path / "result.json").read_text())
     assert record["world_size"] == 2 and record["method"] == "snip"
     # 2 of its steps dense warm-up: well above 1, far below a compressed step's 33
@@ -58,7 +62,7 @@ def test_train_nproc_2_writes_one_record_and_resumes_as_if_uninterrupted(tmp_pat
     _interrupt_after_first_checkpoint([*args, "--checkpoint", str(cut)], cut)
     interrupted = torch.load(cut / checkpoint.FILENAME, weights_only=True)
     assert interrupted["epoch"] < 3, "the run must have been cut short"
-    gradsift(*args, "--checkpoint", str(cut))
+    assert run_cli([*args, "--checkpoint", str(cut)], capsys)[0] == 0
     a = torch.load(full / checkpoint.FILENAME, weights_only=True)
     b = torch.load(cut / checkpoint.FILENAME, weights_only=True)
     assert a["epoch"] == b["epoch"] == 3
@@ -118,9 +122,10 @@ def test_a_failing_rank_is_named_in_one_line():
     assert time.monotonic() - start < 30, "the other rank must be stopped, not waited for"
 
 
-def test_train_nproc_2_with_powersgd(tmp_path):
+def test_train_nproc_2_with_powersgd(tmp_path, capsys):
     dense = TRAIN[: TRAIN.index("--density")]  # PowerSGD takes no top-k density
-    gradsift(*dense, "--epochs", "1", "--nproc", "2", "--comm", "powersgd", "--out", str(tmp_path))
+    argv = [*dense, "--epochs", "1", "--nproc", "2", "--comm", "powersgd", "--out", str(tmp_path)]
+    assert run_cli(argv, capsys)[0] == 0  # from this process, whose fork server is warm
     record = json.loads((tmp_path / "result.json").read_text())
     assert record["world_size"] == 2 and record["compression_ratio"] > 1
 
