@@ -3,8 +3,8 @@
 Starting a rank (a fork of the lab's server, ``gradsift.lab.processes``, then importing
 the FSDP stack and joining a process group) costs seconds on a 2-core machine, and the
 sharded tests need about fifty worlds: a world of each size is therefore started once
-and kept. Each call runs
-``target(rank, world, *extra)`` on every rank and collects the results by rank.
+and kept. Each call runs ``target(rank, world, *extra)`` on every rank and collects
+the results by rank.
 
 - Before each call a rank's random state is put back to what it was when the rank
   started, so a call sees what a freshly started process would.

@@ -25,4 +25,3 @@ def test_a_rank_sees_the_environment_of_when_it_was_started(tmp_path, monkeypatc
     monkeypatch.delenv(name)
     launch.run_processes(ddp_workers.write_environ, (name, out), 2)
     assert [Path(f"{out}{r}").read_text() for r in range(2)] == ["unset", "unset"]
-
