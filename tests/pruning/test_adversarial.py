@@ -467,6 +467,30 @@ def test_tied_weight_pruned_once_masked_in_both_holders_and_stays_tied():
     assert not (again["a.weight"] & ~masks["a.weight"]).any()
 
 
+@pytest.mark.parametrize("holder", ["a", "b"])
+@pytest.mark.parametrize("method", ["magnitude", "random"])
+def test_tied_weight_pruned_by_torch_in_one_holder_stays_tied(holder, method):
+    # torch.nn.utils.prune on one holder of a tied weight gives that holder a float
+    # mask and the other none; pruning at init masks both alike, keeping what torch
+    # pruned pruned and the requested count (it crashed for "a", untied for "b")
+    model = TiedLinear()
+    torch.nn.utils.prune.random_unstructured(getattr(model, holder), "weight", amount=0.5)
+    before = getattr(model, holder).weight_mask.clone()
+    masks = gradsift.prune_at_init(model, method, 0.6, mlp_data(features=6))
+    assert total_kept(masks) == kept(36 + 18, 0.6)
+    mask = masks["a.weight"].bool()  # torch's float buffer where "a" holds it
+    assert not (mask & (before == 0)).any(), "what torch pruned stays pruned"
+    for m in (model.a, model.b):
+        assert torch.equal(m.weight_mask.bool(), mask)
+    model(torch.zeros(1, 6))
+    assert torch.equal(model.a.weight, model.b.weight)
+    # masks given by hand: the same
+    gradsift.apply_masks_(model, {"a.weight": torch.rand(6, 6) > 0.3})
+    model(torch.zeros(1, 6))
+    assert torch.equal(model.a.weight_mask.bool(), model.b.weight_mask.bool())
+    assert torch.equal(model.a.weight, model.b.weight)
+
+
 # --------------------------------------------------------------- SynFlow reference
 
 

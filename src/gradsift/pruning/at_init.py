@@ -21,9 +21,9 @@ from torch import nn
 
 from gradsift.budget import kept_count
 from gradsift.pruning.allocation import check_allocation
-from gradsift.pruning.install import install_masks_
+from gradsift.pruning.install import held_mask, install_masks_
 from gradsift.pruning.masks import check_sparsity, select
-from gradsift.pruning.params import Selector, mask_of, prunable
+from gradsift.pruning.params import Selector, mask_of, original, owners, prunable
 from gradsift.pruning.registry import checked_options, get_method, run_criterion
 from gradsift.pruning.sampling import replayable
 from gradsift.pruning.sanity import check_sanity, inverted, sanity_masks_
@@ -160,8 +160,9 @@ def _kept_before(masks: dict | None, sanity: str | None) -> dict | None:
 def _installed(model: nn.Module, params: Selector, sparsity: float) -> dict | None:
     """The masks already installed on the selected weights (ones where none is), or
     None when none is; warns when they already prune more than ``sparsity``."""
-    targets = prunable(model, params)
-    found = {name: mask_of(m, a) for name, (m, a) in targets.items()}
+    targets, holders = prunable(model, params), owners(model)
+    # a tied weight: what any of its holders prunes (pruning.install.held_mask)
+    found = {name: held_mask(holders[id(original(m, a))]) for name, (m, a) in targets.items()}
     if all(mask is None for mask in found.values()):
         return None
     masks = {

@@ -17,7 +17,7 @@ from gradsift.pruning.keep_where import keep_where_
 from gradsift.pruning.params import mask_of, original, owners, prunable
 from gradsift.pruning.shared import refresh_readers_
 
-__all__ = ["apply_masks_", "install_masks_"]
+__all__ = ["apply_masks_", "held_mask", "install_masks_"]
 
 
 def apply_masks_(
@@ -48,10 +48,33 @@ def install_masks_(
     targets = prunable(model, list(masks))
     holders = owners(model)
     for name, (module, attr) in targets.items():
+        tied, mask = holders[id(original(module, attr))], masks[name]
+        prior = held_mask(tied)
+        if not replace and prior is not None and any(mask_of(m, a) is not prior for m, a in tied):
+            # holders that prune it differently (one pruned by torch.nn.utils.prune
+            # alone): every holder gets what all of them and the new mask keep
+            mask = as_bool(mask) & as_bool(prior)
         shared = None
-        for m, a in holders[id(original(module, attr))]:  # every holder of a tied weight
-            shared = _install(m, a, masks[name], replace, owned, shared)
+        for m, a in tied:  # every holder of a tied weight
+            shared = _install(m, a, mask, replace, owned, shared)
     refresh_readers_(model)
+
+
+def held_mask(tied: list[tuple[nn.Module, str]]) -> torch.Tensor | None:
+    """What the holders ``tied`` (``owners``' list for one tensor) have pruned of it:
+    None when none is pruned, the mask buffer when only one is installed among them
+    (shared by every pruned holder), else the AND of their masks, boolean."""
+    found: list[torch.Tensor] = []
+    for m, a in tied:
+        mask = mask_of(m, a)
+        if mask is not None and not any(mask is f for f in found):
+            found.append(mask)
+    if len(found) <= 1:
+        return found[0] if found else None
+    keep = as_bool(found[0]).clone()
+    for mask in found[1:]:
+        keep &= as_bool(mask)
+    return keep
 
 
 def _install(
@@ -67,8 +90,8 @@ def _install(
         mask = mask.detach().to(original(module, attr).device)
         keep = as_bool(mask)
         if existing is None:
-            if shared is not None and shared.shape == mask.shape:
-                return install_(module, attr, shared)  # filled by the first holder
+            if shared is not None and shared.shape == mask.shape:  # filled by the first holder
+                return install_(module, attr, as_bool(shared))  # (a copy if torch's, in 0/1)
             return install_(module, attr, keep if owned or keep is not mask else keep.clone())
         if mask.shape != existing.shape:
             raise ValueError(
