@@ -216,3 +216,24 @@ def test_backend_triton_after_the_model_left_the_gpu_raises_naming_the_backend(m
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(ValueError, match="backend='triton' needs CUDA tensors"):
         opt.step()
+
+
+def test_a_declined_fused_step_leaves_the_unused_views_without_gradient():
+    # k = the first parameter's size: the fused step runs on step 0 (every parameter
+    # used), then declines (only the first used: every coordinate kept) after it has
+    # attached the gradients, copying the assigned one in; the torch path after it
+    # must still see that the unused parameters have none, as backend="torch" does
+    def run(backend):
+        ps = params()
+        opt = TopK(torch.optim.SGD(ps, lr=0.5), k=1200, backend=backend)
+        for step in range(3):
+            opt.zero_grad()
+            used = ps if step == 0 else ps[:1]
+            loss = sum((p * g).sum() for p, g in zip(used, gradient(used, step)))
+            for p, g in zip(used, torch.autograd.grad(loss, used)):
+                p.grad = g
+            opt.step()
+        assert opt.fallback_steps == (2 if backend == "triton" else 0)
+        return ps, opt, None
+
+    assert_same(run("triton"), run("torch"))

@@ -178,36 +178,34 @@ class FlatBucket:
             and g.stride() == stride
         )
 
-    def present(self, touched: set[int]) -> list[bool]:
+    def present(self, touched: set[int]) -> list[bool | None]:
         """Which parameters have a gradient this step (call before ``attach_grads_``).
 
         A gradient that backward reached (``touched``) or that the user assigned is
         present, also once ``attach_grads_`` copied it in (until the buffer is
-        zeroed). An untouched view of the buffer is present only if something wrote
-        into the buffer since it was zeroed: when backward reached no parameter at
-        all, any write counts for every view (gradients set in place by hand);
-        otherwise only a view that is not all zeros.
+        zeroed); a view of the buffer nothing wrote into since it was zeroed is not.
+        None: an untouched view in a buffer written since it was zeroed, by hand in
+        place or by an in-place pass over every gradient (``clip_grad_norm_``,
+        ``GradScaler.unscale_``); ``GradSet.attach`` decides those (``nonzero``).
         """
         flat = self.grad
         if flat is None:  # freed: every gradient is backward's or assigned
             return [p.grad is not None for p in self.params]
         written = flat._version != self.zero_version
-        any_touched = any(id(p) in touched for p in self.params)
-        out, unsure = [], []
+        out: list[bool | None] = []
         for i, p in enumerate(self.params):
             if p.grad is None:
                 out.append(False)
             elif id(p) in touched or i in self.assigned or not self.owns_grad(i):
                 out.append(True)
             else:
-                out.append(written and not any_touched)
-                if written and any_touched:
-                    unsure.append(i)
-        if unsure:  # views backward did not reach: read all of them in one host sync
-            nonzero = torch.stack([self.params[i].grad.any() for i in unsure]).tolist()
-            for i, flag in zip(unsure, nonzero):
-                out[i] = flag
+                out.append(None if written else False)
         return out
+
+    def nonzero(self, which: list[int]) -> list[bool]:
+        """Whether the gradient of each of ``params[which]`` holds a non-zero: one
+        host sync for all of them."""
+        return torch.stack([self.params[i].grad.any() for i in which]).tolist()
 
     def mark_zeroed(self) -> None:
         self.zero_version = self.grad._version

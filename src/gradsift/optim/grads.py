@@ -71,8 +71,16 @@ class GradSet:
         have one (``flags``; ``absent``: zero views backward did not reach); return
         those parameters."""
         present, self.absent, self.flags = [], [], []
-        for b in self.buckets:
-            flags = b.present(self.tracker.touched)
+        found = [b.present(self.tracker.touched) for b in self.buckets]
+        # untouched views written in place: gradients set in place by hand when no
+        # gradient of the set came from backward or by assignment; otherwise (an
+        # in-place pass over every gradient wrote them) present only where non-zero
+        by_hand = not any(f is True for flags in found for f in flags)
+        for b, flags in zip(self.buckets, found):
+            unsure = [i for i, f in enumerate(flags) if f is None]
+            if unsure:
+                for i, f in zip(unsure, [True] * len(unsure) if by_hand else b.nonzero(unsure)):
+                    flags[i] = f
             b.attach_grads_()
             self.flags.append(flags)
             present += [p for p, f in zip(b.params, flags) if f]
