@@ -664,6 +664,22 @@ def test_momentum_correction_bad_arguments(kwargs, match):
         )
 
 
+def test_momentum_correction_refuses_inner_momentum_added_or_loaded_later():
+    # DGC's velocity replaces the inner momentum: a group added with momentum, or a
+    # state dict whose groups have it, would stack the two
+    a, b = nn.Parameter(torch.randn(8)), nn.Parameter(torch.randn(8))
+    opt = TopK(torch.optim.SGD([a], lr=0.1), k=2, momentum_correction=0.9)
+    with pytest.raises(ValueError, match="set its momentum=0"):
+        opt.add_param_group({"params": [b], "momentum": 0.9})
+    assert len(opt.param_groups) == 1
+    opt.add_param_group({"params": [b]})  # the inner default, 0
+    sd = opt.state_dict()
+    sd["param_groups"][1]["momentum"] = 0.9
+    with pytest.raises(ValueError, match="set its momentum=0"):
+        opt.load_state_dict(sd)
+    assert [g["momentum"] for g in opt.param_groups] == [0, 0]
+
+
 # --- issue 15: silent wrong results and crashes seen on real setups ---------------
 
 

@@ -744,6 +744,41 @@ def test_load_state_dict_into_a_fresh_topk_continues_bit_for_bit(case):
         torch.testing.assert_close(p, q, **EXACT)
 
 
+def test_load_state_dict_after_the_model_changed_dtype_continues_bit_for_bit():
+    # TopK built over a float32 model, the model converted to float64, then a float64
+    # checkpoint loaded: the residuals go into float64 buffers, not rounded through
+    # the float32 ones laid out before the conversion
+    def grads(step):
+        gen = torch.Generator().manual_seed(step)
+        return torch.randn(1, 40, generator=gen, dtype=torch.float64)
+
+    def train(model, opt, steps):
+        for step in steps:
+            opt.zero_grad()
+            (model.weight * grads(step) / 3).sum().backward()
+            opt.step()
+
+    def build(dtype):
+        torch.manual_seed(0)
+        model = nn.Linear(40, 1, bias=False).to(dtype)
+        return model, TopK(torch.optim.SGD(model.parameters(), lr=0.1), k=3, backend="torch")
+
+    full, opt = build(torch.float64)
+    train(full, opt, range(6))
+    half, opt = build(torch.float64)
+    train(half, opt, range(3))
+    ckpt = copy.deepcopy({"model": half.state_dict(), "opt": opt.state_dict()})
+    model, opt = build(torch.float32)
+    model.to(torch.float64)
+    model.load_state_dict(ckpt["model"])
+    opt.load_state_dict(ckpt["opt"])
+    saved = ckpt["opt"]["state"][0]["residual"]
+    assert saved.dtype == torch.float64 and saved.abs().sum() > 0
+    torch.testing.assert_close(opt.state_dict()["state"][0]["residual"], saved, **EXACT)
+    train(model, opt, range(3, 6))
+    torch.testing.assert_close(model.weight, full.weight, **EXACT)
+
+
 def test_deepcopy_of_the_model_mid_training():
     model, opt, ref = pair("sgd_momentum")
     run_topk(model, opt, 3, zero_alternating)

@@ -25,7 +25,7 @@ from torch.optim import Optimizer
 from gradsift.budget import Budget, HasBudget, check_scope
 from gradsift.optim.error_feedback import check_momentum_correction
 from gradsift.optim.fused import fused_step_
-from gradsift.optim.inner import check_inner
+from gradsift.optim.inner import check_inner, check_no_inner_momentum
 from gradsift.optim.sharded import grad_set
 from gradsift.optim.sparse_sgd import apply_sparse_sgd_, plain_sgd
 from gradsift.optim.state_dict import load_own_state, state_dict_with_own
@@ -164,6 +164,7 @@ class TopK(HasBudget, OptimizerWrapper):
                         self._own_state[p][name].copy_(old[p][name])
 
     def add_param_group(self, param_group: dict) -> None:
+        check_no_inner_momentum([{**self.defaults, **param_group}], self.momentum_correction)
         self.optimizer.add_param_group(param_group)
         self._build()
 
@@ -174,15 +175,6 @@ class TopK(HasBudget, OptimizerWrapper):
         if name not in st:  # a frozen parameter given a gradient by hand
             st[name] = torch.zeros_like(p)
         return st[name]
-
-    def _name(self, p: torch.Tensor) -> str:
-        for gi, group in enumerate(self.param_groups):
-            for i, q in enumerate(group["params"]):
-                if q is p:
-                    names = group.get("param_names")
-                    where = names[i] if names else f"param_groups[{gi}]['params'][{i}]"
-                    return f"{where} (shape {tuple(p.shape)})"
-        return f"parameter of shape {tuple(p.shape)}"
 
     @torch.no_grad()
     def sparsify_(self):
@@ -286,6 +278,8 @@ class TopK(HasBudget, OptimizerWrapper):
 
     def state_dict(self) -> dict:
         """The inner optimizer's state dict, with ``residual`` (and ``momentum``) added."""
+        if self._grads.stale():  # model.to(...) since the last step: the state follows
+            self._build()
         return self._with_state_dict_hooks(
             lambda: state_dict_with_own(self.optimizer, self._own_state, self._state_names())
         )
@@ -294,6 +288,9 @@ class TopK(HasBudget, OptimizerWrapper):
         """Restore the inner optimizer, residuals and momenta (bit for bit)."""
 
         def load(sd: dict) -> None:
+            check_no_inner_momentum(sd["param_groups"], self.momentum_correction)
+            if self._grads.stale():  # into buffers of the parameters' dtype and device
+                self._build()
             load_own_state(self.optimizer, self._own_state, sd, self._state_names())
             self.state = self._own_state
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+import torch
 from torch.optim import Optimizer
 
 __all__ = ["OptimizerWrapper"]
@@ -73,6 +74,16 @@ class OptimizerWrapper(Optimizer):
     @defaults.setter
     def defaults(self, value: dict) -> None:
         self.optimizer.defaults = value
+
+    def _name(self, p: torch.Tensor) -> str:
+        """How errors name ``p``: its ``param_names`` entry, or its place in the groups."""
+        for gi, group in enumerate(self.param_groups):
+            for i, q in enumerate(group["params"]):
+                if q is p:
+                    names = group.get("param_names")
+                    where = names[i] if names else f"param_groups[{gi}]['params'][{i}]"
+                    return f"{where} (shape {tuple(p.shape)})"
+        return f"parameter of shape {tuple(p.shape)}"
 
     def _with_state_dict_hooks(self, make) -> dict:
         """``make()`` between the hooks registered with ``register_state_dict_pre_hook``
