@@ -166,6 +166,25 @@ def test_pruning_keeps_tied_weights_tied(method):
     assert torch.equal(model.a.weight, model.a.weight_orig * expected)
 
 
+@pytest.mark.parametrize("method", ["iter_snip", "force"])
+@pytest.mark.parametrize("spread", [{"allocation": "uniform"}, {"allocation": "erk"},
+                                    {"min_per_layer": 40}])  # fmt: skip
+def test_own_rounds_spread_the_weights_as_the_call_does(method, spread):
+    # Iterative SNIP and FORCE prune in rounds of their own: each round keeps its
+    # weights under the call's allocation and floor, so that the final selection
+    # never has to take back a weight Iterative SNIP's rounds pruned (they ranked
+    # globally, and a layer-wise allocation then revived some)
+    model = convnet()
+    scores = gradsift.score(model, method, convnet_data(), sparsity=0.9, steps=5, **spread)
+    masks = prune_at_init(model, method, 0.9, convnet_data(), steps=5, **spread)
+    assert _exact(masks, 0.9)
+    expected = masks_from_scores(scores, 0.9, **spread)
+    for n in masks:
+        assert torch.equal(masks[n], expected[n]), n
+        if method == "iter_snip":  # pruning is permanent
+            assert not (masks[n] & (scores[n] < 0)).any(), n
+
+
 @pytest.mark.parametrize("budget", ALLOCATIONS)
 @pytest.mark.parametrize("method", gradsift.list_methods())
 def test_every_method_is_exact_under_every_budget(method, budget):

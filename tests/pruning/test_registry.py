@@ -5,7 +5,7 @@ import torch
 
 import gradsift
 from gradsift.pruning import method_options, register_method, supported_options
-from gradsift.pruning.params import effective
+from gradsift.pruning.params import effective, original, prunable
 from gradsift.pruning.registry import _METHODS, checked_options, get_method
 from pruning_support import batches, mlp
 
@@ -34,6 +34,28 @@ def square_method():
     register_method("squared", squared, defaults={"power": 4})
     yield squared
     del _METHODS["squared"]
+
+
+def test_iterative_rounds_of_a_rescorer_leave_the_global_generator_alone():
+    # a rescorer (cheap rounds: SynFlow, NTK-SAP) that draws from the global generator
+    # while prune_at_init builds and calls it: the caller's generator is as it was
+    def drawn(model, targets, data=None):
+        return {name: torch.rand(original(m, a).shape) for name, (m, a) in targets.items()}
+
+    def rescorer(model, data, *, params=None):
+        targets = prunable(model, params, warn=False)
+        torch.rand(3)
+        return lambda masks: drawn(model, targets)
+
+    register_method("drawn", drawn, rescorer=rescorer)
+    try:
+        model = mlp()  # (seeds the generator itself)
+        torch.manual_seed(5)
+        state = torch.get_rng_state()
+        gradsift.prune_at_init(model, "drawn", 0.8, iterations=3)
+        assert torch.equal(torch.get_rng_state(), state)
+    finally:
+        del _METHODS["drawn"]
 
 
 def test_a_user_criterion_plugs_in(square_method):

@@ -4,7 +4,8 @@ Iterative pruning follows SynFlow (Tanaka et al. 2020, arXiv:2006.05467, Alg. 1)
 round ``i`` of ``n`` keeps density ``ρ^(i/n)`` (``schedule="exponential"``) of the
 weights, rescoring the masked model each round; masks only ever lose weights.
 A criterion that runs its own schedule to a target (FORCE, Iterative SNIP: its
-registry entry ``takes_sparsity``) is handed each round's target as ``sparsity=``.
+registry entry ``takes_sparsity``) is handed each round's target as ``sparsity=``,
+and ``allocation=`` and ``min_per_layer=`` where it accepts them.
 
 A model already pruned through ``torch.nn.utils.prune`` keeps its masks: they are the
 first round's ``previous``, so its pruned weights count toward the target (whatever
@@ -24,7 +25,7 @@ from gradsift.pruning.allocation import check_allocation
 from gradsift.pruning.install import held_mask, install_masks_
 from gradsift.pruning.masks import check_sparsity, select
 from gradsift.pruning.params import Selector, mask_of, original, owners, prunable
-from gradsift.pruning.registry import checked_options, get_method, run_criterion
+from gradsift.pruning.registry import checked_options, get_method, run_criterion, scoring_rng
 from gradsift.pruning.sampling import replayable
 from gradsift.pruning.sanity import check_sanity, inverted, sanity_masks_
 from gradsift.pruning.schedules import round_sparsities
@@ -120,17 +121,26 @@ def prune_at_init(
     entry = get_method(method)
     data = replayable(data)
     rescore = None
+
+    def own_rounds(target: float) -> dict:
+        """What a criterion with its own rounds needs to run them as this call would."""
+        if not entry.takes_sparsity:
+            return {}
+        spread = {"allocation": allocation, "min_per_layer": min_per_layer}
+        return {"sparsity": target, **{k: v for k, v in spread.items() if k in entry.options()}}
+
     if entry.rescorer is not None and len(targets) > 1:  # cheap rounds when it has them
-        rescore = entry.rescorer(model, data, params=params, **checked_options(method, options))
+        with scoring_rng(model):
+            rescore = entry.rescorer(model, data, params=params, **checked_options(method, options))
     masks = _installed(model, params, sparsity)
     before = _kept_before(masks, sanity)
     for i, target in enumerate(targets):
         if rescore is not None:
-            scores = rescore(masks)
+            with scoring_rng(model):
+                scores = rescore(masks)
         else:
-            target_option = {"sparsity": target} if entry.takes_sparsity else {}
             scores = run_criterion(
-                model, method, data, params=params, warn=False, **options, **target_option
+                model, method, data, params=params, warn=False, **options, **own_rounds(target)
             )
         masks = select(
             inverted(scores, sanity),

@@ -36,6 +36,7 @@ __all__ = [
     "register_method",
     "run_criterion",
     "score",
+    "scoring_rng",
     "supported_options",
 ]
 
@@ -216,8 +217,7 @@ def run_criterion(
     options = checked_options(method, options)
     data = replayable(data)
     prunable(model, params, warn=warn)  # validate names (and warn) on the caller's model
-    devices = [d for d in {p.device for p in model.parameters()} if d.type == "cuda"]
-    with torch.random.fork_rng(devices=devices):
+    with scoring_rng(model):
         if sharded:  # on the caller's model, put back as it was
             targets = prunable(model, params, warn=False)
             with torch.no_grad() if entry.reads_only else preserved(model):
@@ -231,6 +231,13 @@ def run_criterion(
             scores = entry.fn(work, targets, data, **options)
     _check_scores(method, scores, targets)
     return {name: scores[name].detach() for name in targets}
+
+
+def scoring_rng(model: nn.Module):
+    """A context in which scoring may draw from the global generators (the CPU's and
+    those of the model's CUDA devices) and leaves them as they were."""
+    devices = [d for d in {p.device for p in model.parameters()} if d.type == "cuda"]
+    return torch.random.fork_rng(devices=devices)
 
 
 def check_shardable(entry: Method) -> None:

@@ -69,6 +69,22 @@ def test_rounds_draw_afresh_and_respect_the_masks():
     assert torch.equal(before["rng"], torch.get_rng_state())  # generator only
 
 
+def test_a_dropout_layer_leaves_the_scores_to_the_seed_alone():
+    # the BatchNorm statistics pass ran the whole model in training mode, so a
+    # Dropout drew its masks from the global generator: scores changed with it
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Flatten(), nn.Linear(12, 16), nn.Dropout(0.5), nn.BatchNorm1d(16), nn.ReLU(),
+        nn.Linear(16, 3),
+    )  # fmt: skip
+    got = []
+    for global_seed in (1, 2):
+        torch.manual_seed(global_seed)
+        got.append(gradsift.score(model, "ntk_sap", batches(1), seed=0))
+    for n in got[0]:
+        assert torch.equal(got[0][n], got[1][n]), n
+
+
 def test_batchnorm_uses_the_unperturbed_batch_statistics_in_both_networks():
     torch.manual_seed(0)
     model = nn.Sequential(

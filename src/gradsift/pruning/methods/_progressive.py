@@ -54,10 +54,14 @@ def progressive(
     loss_fn,
     num_batches,
     split_batch=None,
+    allocation="global",
+    min_per_layer=0,
 ):
     """The final round's ``{name: saliency}``: its top ``1 - sparsity`` fraction (exact
     top-k, lowest-index ties) is the method's mask. Without ``revive``, weights pruned
-    in round ``r < T`` score ``r - T`` instead: below every survivor, earlier lower."""
+    in round ``r < T`` score ``r - T`` instead: below every survivor, earlier lower.
+    Each round keeps its weights under ``allocation`` and ``min_per_layer``
+    (``masks_from_scores``), as ``prune_at_init`` then keeps the final ones."""
     need_data(data, method)
     check_sparsity(sparsity)
     steps = check_int("steps", steps, minimum=1)
@@ -74,7 +78,13 @@ def progressive(
     for r, target in enumerate(round_sparsities(sparsity, steps, decay)[:-1], start=1):
         saliency = _saliency(grad_at, theta, masks, revive)
         previous = None if revive else dict(zip(targets, masks))
-        chosen = masks_from_scores(dict(zip(targets, saliency)), target, previous=previous)
+        chosen = masks_from_scores(
+            dict(zip(targets, saliency)),
+            target,
+            allocation=allocation,
+            previous=previous,
+            min_per_layer=min_per_layer,
+        )
         for old, new, when in zip(masks, chosen.values(), pruned_in):
             when.masked_fill_((old > 0) & (new == 0), float(r))
         masks = [m.to(t) for m, t in zip(chosen.values(), theta)]
@@ -93,7 +103,8 @@ def _saliency(grad_at, theta, masks, revive):
 def progressive_criterion(method: str, *, revive: bool, doc: str):
     """A registrable criterion running ``progressive`` with ``revive`` fixed; its
     defaults (60 steps, one batch a step) follow the authors' published commands
-    (github.com/naver/force, README)."""
+    (github.com/naver/force, README). ``prune_at_init`` hands it its ``sparsity``,
+    ``allocation`` and ``min_per_layer``."""
 
     def criterion(
         model,
@@ -106,6 +117,8 @@ def progressive_criterion(method: str, *, revive: bool, doc: str):
         loss_fn=F.cross_entropy,
         num_batches: int | None = 1,
         split_batch=None,
+        allocation="global",
+        min_per_layer: int = 0,
     ):
         return progressive(
             model,
@@ -119,6 +132,8 @@ def progressive_criterion(method: str, *, revive: bool, doc: str):
             loss_fn=loss_fn,
             num_batches=num_batches,
             split_batch=split_batch,
+            allocation=allocation,
+            min_per_layer=min_per_layer,
         )
 
     criterion.__name__ = criterion.__qualname__ = method

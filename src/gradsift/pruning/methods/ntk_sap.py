@@ -141,17 +141,20 @@ def _reinit_(model: nn.Module, targets: dict, gen: torch.Generator) -> None:
 
 def _batch_statistics_(model: nn.Module, x: torch.Tensor) -> None:
     """BatchNorm running statistics := the unperturbed network's batch statistics on
-    ``x``; then eval mode, so that both networks normalise alike."""
+    ``x``; then eval mode, so that both networks normalise alike. Only the BatchNorm
+    layers are in training mode for that pass (a Dropout stays off: no draw from the
+    global generator)."""
     norms = [
         m
         for m in model.modules()
         if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats
     ]
+    model.eval()
     for m in norms:
         m.reset_running_stats()
         m.momentum = None  # cumulative average: one batch gives its own statistics
+        m.train()
     if norms:
-        model.train()
         with torch.no_grad():
             model(x)
     model.eval()
