@@ -72,6 +72,23 @@ def nan_case(rank, world):
     return "no error"
 
 
+def invalid_case(rank, world, case):
+    """The last rank's arguments are invalid (``case``); the others' are fine."""
+    x, k, kw = torch.randn(10), 5, {"offset": 10 * rank}
+    if rank == world - 1:
+        if case == "k":
+            k = 0
+        elif case == "shape":
+            x = x.reshape(2, 5)
+        else:
+            kw = {"segments": [(10 * rank, 4)]}  # covers 4 of the 10
+    try:
+        sharded_topk_indices(x, k, **kw)
+    except ValueError as e:
+        return f"ValueError: {e}"
+    return "no error"
+
+
 def segments_case(rank, world):
     """Interleaved segments (a rank's rows of each parameter) with ties across them."""
     gen = torch.Generator().manual_seed(3)

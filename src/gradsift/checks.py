@@ -12,6 +12,8 @@ import operator
 import torch
 
 __all__ = [
+    "FLOAT_DTYPES",
+    "check_float_tensor",
     "all_finite",
     "check_choice",
     "check_finite_grads",
@@ -58,6 +60,22 @@ def check_shape(name: str, value) -> tuple[int, ...]:
     if not isinstance(value, (tuple, list)):
         raise TypeError(f"{name} must be a tuple of ints like (3, 32, 32), got {value!r}")
     return tuple(check_int(f"{name}[{i}]", v, minimum=1) for i, v in enumerate(value))
+
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def check_float_tensor(name: str, x) -> None:
+    """Raise ``TypeError`` unless ``x`` is a tensor of a dtype in ``FLOAT_DTYPES``
+    (``Tensor.is_floating_point`` also admits the float8 types, which no kernel here
+    orders)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in FLOAT_DTYPES:
+        raise TypeError(
+            f"{name} must have a floating dtype (float16, bfloat16, float32, float64), "
+            f"got {x.dtype}"
+        )
 
 
 def check_choice(name: str, value, choices) -> None:

@@ -23,6 +23,14 @@ def test_nan_on_one_rank_raises_on_every_rank(world):
         assert message.startswith("ValueError") and "NaN" in message, message
 
 
+@pytest.mark.parametrize("case", ["k", "shape", "segments"])
+def test_invalid_arguments_on_one_rank_raise_on_every_rank(case):
+    # the invalid rank raised alone and the other waited in the all-reduce
+    messages = rank_results(run_world(workers.invalid_case, 2, case, deadline_s=30), 2)
+    assert messages[0].startswith("ValueError") and "other rank" in messages[0], messages
+    assert messages[1].startswith("ValueError") and "other rank" not in messages[1], messages
+
+
 def test_interleaved_segments_keep_lowest_global_ties():
     for per_rank in rank_results(run_world(workers.segments_case, 2), 2):
         for union, ref in per_rank:
@@ -44,5 +52,6 @@ def test_order_keys_order_like_the_floats(dtype, absolute):
 
 def test_selection_bytes_are_independent_of_the_vector():
     b = selection_bytes(2)
-    # 4 passes of 256 bins, the NaN count and 2 ranks' (k, key bits, absolute)
-    assert b == {"allreduce": (4 * 256 + 1 + 3 * 2) * 8, "allgather": 2 * 2 * 8}
+    # 4 passes of 256 bins, the NaN and invalid-rank counts and 2 ranks' (k, key
+    # bits, absolute)
+    assert b == {"allreduce": (4 * 256 + 2 + 3 * 2) * 8, "allgather": 2 * 2 * 8}

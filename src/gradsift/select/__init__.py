@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import torch
 
-from gradsift.checks import check_int, has_nan
+from gradsift.checks import check_float_tensor, check_int, has_nan
 from gradsift.select.dispatch import use_triton
 from gradsift.select.exact import DENSE_BELOW, dense, key, raise_nan, top_mask
 from gradsift.select.sampled import sampled as sampled_topk
@@ -116,12 +116,7 @@ def topk_mask(
 
 def _check_topk_args(x, k) -> int:
     """Validate ``(x, k)`` for the selection functions; ``k`` as an ``int``."""
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-    if not x.is_floating_point():
-        raise TypeError(
-            f"x must have a floating dtype (float16, bfloat16, float32, float64), got {x.dtype}"
-        )
+    check_float_tensor("x", x)
     if x.dim() != 1:
         raise ValueError(f"x must be 1-D, got shape {tuple(x.shape)}")
     if x.numel() == 0:

@@ -31,11 +31,12 @@ instead of across thread blocks:
    its segments in global order; a segment takes ``clamp(need - before, 0, ties)``
    of its lowest tie positions.
 
-Communication per call: at most ``passes`` all-reduces of ``256 + 4`` int64 (the first
-also carries the NaN count and checks that every rank passed the same ``k``, key
-width and order) plus one all-gather of ``2 * segments`` int64 per rank (two
-all-gathers when ``segments`` vary), independent of the vector's length. A NaN on
-any rank raises the same ``ValueError`` on every rank, after the first all-reduce,
+Communication per call: at most ``passes`` all-reduces of ``256`` int64 (the first
+also carries the NaN count, a count of ranks whose arguments were invalid, and checks
+that every rank passed the same ``k``, key width and order) plus one all-gather of
+``2 * segments`` int64 per rank (two all-gathers when ``segments`` vary), independent
+of the vector's length. A NaN on any rank, or an invalid argument on one, raises a
+``ValueError`` on every rank, after the first all-reduce,
 so no rank is left waiting in a collective.
 
 Every rank must call with the same ``k`` and ``absolute`` and a shard of the same
@@ -48,7 +49,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from gradsift.checks import check_int
+from gradsift.checks import check_float_tensor, check_int
 
 __all__ = ["BINS", "sharded_topk_indices", "sharded_topk_mask", "selection_bytes"]
 
@@ -79,10 +80,6 @@ def _digit(keys: torch.Tensor, shift: int, top: bool) -> torch.Tensor:
 
 
 def _check_args(x, k, absolute, offset, segments):
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-    if not x.is_floating_point():
-        raise TypeError(f"x must have a floating dtype, got {x.dtype}")
     if x.dim() != 1:
         raise ValueError(f"x must be 1-D (a rank's flat shard), got shape {tuple(x.shape)}")
     k = check_int("k", k, minimum=1)
@@ -98,18 +95,27 @@ def _check_args(x, k, absolute, offset, segments):
     return k, out, True
 
 
-def _first_pass_extras(x, k, absolute, bits, rank: int, world: int) -> list[int]:
-    """The NaN count, then each rank's ``(k, bits, absolute)`` in its own slot: summed
-    over the ranks, every rank sees every rank's settings."""
+def _first_pass_extras(x, k, absolute, bits, rank: int, world: int, invalid) -> list[int]:
+    """The NaN count, the count of ranks with invalid arguments, then each rank's
+    ``(k, bits, absolute)`` in its own slot: summed over the ranks, every rank sees
+    every rank's settings."""
     nan = int(torch.count_nonzero(torch.isnan(x))) if x.numel() else 0
     slots = [0] * (3 * world)
     slots[3 * rank : 3 * rank + 3] = [k, bits, int(absolute)]
-    return [nan, *slots]
+    return [nan, int(invalid is not None), *slots]
 
 
-def _agree(extras, total: int, k: int) -> None:
-    """Raise the same error on every rank from the summed first-pass extras."""
-    nan, slots = extras[0], extras[1:]
+def _agree(extras, total: int, k: int, invalid) -> None:
+    """Raise the same error on every rank from the summed first-pass extras; a rank
+    whose own arguments were invalid raises its own error (``invalid``)."""
+    nan, bad, slots = extras[0], extras[1], extras[2:]
+    if invalid is not None:
+        raise invalid
+    if bad:
+        raise ValueError(
+            f"{bad} other rank(s) passed invalid arguments to the sharded selection "
+            "(each raised why); this rank's were valid"
+        )
     settings = {tuple(slots[i : i + 3]) for i in range(0, len(slots), 3)}
     if len(settings) > 1:
         seen = ", ".join(
@@ -125,7 +131,7 @@ def _agree(extras, total: int, k: int) -> None:
         raise ValueError(f"k must satisfy 1 <= k <= the global length {total}, got {k}")
 
 
-def _radix_select(keys, k, absolute, bits, x, group):
+def _radix_select(keys, k, absolute, bits, x, group, invalid=None):
     """Radix passes (see the module doc): ``(threshold, need, exact)`` where the
     selection is ``keys > threshold`` plus ``need`` lowest-index ties ``== threshold``
     when ``exact``, else ``keys >= threshold`` (an early stop, no ties to break)."""
@@ -138,12 +144,12 @@ def _radix_select(keys, k, absolute, bits, x, group):
         hist = torch.bincount(d.to(torch.int64), minlength=BINS)
         if p == 0:
             rank = dist.get_rank(group)
-            extras = hist.new_tensor(_first_pass_extras(x, k, absolute, bits, rank, world))
-            hist = torch.cat([hist, extras])
+            extras = _first_pass_extras(x, k, absolute, bits, rank, world, invalid)
+            hist = torch.cat([hist, hist.new_tensor(extras)])
         dist.all_reduce(hist, group=group)
         counts = hist[:BINS].tolist()
         if p == 0:
-            _agree(hist[BINS:].tolist(), sum(counts), k)
+            _agree(hist[BINS:].tolist(), sum(counts), k, invalid)
         above = 0
         for digit in range(BINS - 1, -1, -1):
             if above + counts[digit] >= need:
@@ -218,13 +224,20 @@ def sharded_topk_mask(
         group: the process group (default: the world).
 
     Raises ``ValueError`` on every rank for NaN anywhere, ``k`` beyond the global
-    length, or ranks disagreeing on ``k``, ``absolute`` or the key width.
+    length, ranks disagreeing on ``k``, ``absolute`` or the key width, or invalid
+    arguments on any rank (that rank says which, the others that it happened); a
+    non-tensor ``x`` or one of another dtype raises ``TypeError`` on its rank alone.
     """
-    k, segs, varied = _check_args(x, k, absolute, offset, segments)
+    check_float_tensor("x", x)  # (no device to meet the other ranks on without it)
+    try:
+        k, segs, varied = _check_args(x, k, absolute, offset, segments)
+        invalid = None
+    except (TypeError, ValueError) as err:  # raised after the first all-reduce
+        invalid, k, segs, varied, x = err, 0, [], False, x.new_empty(0)
     x = x.contiguous()
     keys = order_keys(x, bool(absolute))
     bits = 64 if keys.dtype == torch.int64 else 32
-    v, need, exact = _radix_select(keys, k, bool(absolute), bits, x, group)
+    v, need, exact = _radix_select(keys, k, bool(absolute), bits, x, group, invalid)
     if not exact:
         return keys >= v
     return (keys > v) | _tie_mask(keys, v, need, segs, varied, group, x.device)
@@ -244,10 +257,10 @@ def sharded_topk_indices(
 def selection_bytes(world: int, *, passes: int = 4, segments: int = 1) -> dict[str, int]:
     """Bytes one rank contributes to the selection's collectives (upper bound: the
     select may stop before ``passes``): ``allreduce`` (``passes`` all-reduces of
-    ``BINS`` int64, the first with ``1 + 3 * world`` more: the NaN count and each
-    rank's k, key bits and absolute) and ``allgather`` (``2 * segments`` int64 from
-    each rank)."""
+    ``BINS`` int64, the first with ``2 + 3 * world`` more: the NaN count, the count of
+    ranks with invalid arguments and each rank's k, key bits and absolute) and
+    ``allgather`` (``2 * segments`` int64 from each rank)."""
     return {
-        "allreduce": (passes * BINS + 1 + 3 * world) * 8,
+        "allreduce": (passes * BINS + 2 + 3 * world) * 8,
         "allgather": world * 2 * segments * 8,
     }
