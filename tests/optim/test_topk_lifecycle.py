@@ -539,6 +539,34 @@ def test_model_converted_after_model_zero_grad():
     ref.check(model, opt)
 
 
+def test_gradients_assigned_by_hand_survive_a_conversion_before_the_step():
+    # the buffers are laid out again at the step that follows model.double(): the
+    # gradients assigned before it were copied in and then taken for zero views
+    # (nothing was selected or applied: the step was lost)
+    def run(convert_late):
+        torch.manual_seed(0)
+        model = nn.Linear(3, 5)
+        if not convert_late:
+            model.double()
+        opt = TopK(torch.optim.SGD(model.parameters(), lr=0.1), k=4)
+        gen = torch.Generator().manual_seed(1)
+        for p in model.parameters():
+            p.grad = torch.randn(p.shape, generator=gen).to(p.dtype)  # float32 values
+        if convert_late:
+            model.double()
+            for p in model.parameters():
+                p.grad = p.grad.double()
+        opt.step()
+        return model, opt
+
+    model, opt = run(convert_late=True)
+    ref, _ = run(convert_late=False)  # converted before TopK was built
+    torch.testing.assert_close(model.weight, ref.weight, **EXACT)
+    torch.testing.assert_close(model.bias, ref.bias, **EXACT)
+    kept = sum(int(torch.count_nonzero(opt.state[p]["residual"])) for p in model.parameters())
+    assert kept == 15 + 5 - 4, "the residual holds what was not applied"
+
+
 def conv_net():
     torch.manual_seed(0)
     return nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(64, 2))

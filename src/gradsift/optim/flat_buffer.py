@@ -286,5 +286,8 @@ def build_buckets(params: list[torch.Tensor], *, state: tuple[str, ...] = ()) ->
                 bucket.view(grad, i).copy_(g)
                 bucket.give_(grad, i)
         bucket.mark_zeroed()
+        # gradients, as assigned ones are (also when the buffers are laid out again
+        # between assignment and step: a model.to(...) must not lose them)
+        bucket.assigned.update(i for i, p in enumerate(ps) if p.grad is not None)
         buckets.append(bucket)
     return buckets
