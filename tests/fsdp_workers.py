@@ -152,3 +152,103 @@ def pruning_masks(rank, world, sparsity, coarse):
     ref_scores = {n: magnitude(p) for n, p in ref.named_parameters() if n.endswith("weight")}
     expected = masks_from_scores(ref_scores, sparsity)
     return [torch.equal(full(masks[n]), expected[n]) for n in expected]
+
+
+class TwoHeads(torch.nn.Module):
+    """Two linear heads on one input; ``use_b=False`` leaves ``b`` out of the loss."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(6, 5), torch.nn.Linear(6, 3)
+
+    def forward(self, x, use_b=True):
+        out = self.a(x).square().sum()
+        return out + self.b(x).square().sum() if use_b else out
+
+
+def unreached_or_converted(rank, world, case, inner):
+    """Sharded TopK vs single-process TopK on the same batches, 4 steps:
+    ``case="unreached"``: ``b`` is used at step 0 only, and TopK's default
+    ``zero_grad()`` runs between steps; ``"to64"``: both models are converted to
+    float64 after their TopK was built. Per step: parameters and residuals equal."""
+    torch.manual_seed(0)
+    ref = TwoHeads().to(torch.float64 if case == "unreached" else torch.float32)
+    model = copy.deepcopy(ref)
+    mesh = init_device_mesh("cpu", (world,))
+    fully_shard(model.a, mesh=mesh)
+    fully_shard(model.b, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+
+    def make(m):
+        params = list(m.parameters())
+        adam = torch.optim.Adam(params, lr=0.01) if inner == "adam" else None
+        return TopK(adam or torch.optim.SGD(params, lr=0.1), density=0.3)
+
+    opt, ref_opt = make(model), make(ref)
+    ref_opt.optimizer.register_step_pre_hook(lambda *args: None)  # dense SGD, as sharded
+    if case == "to64":
+        model.to(torch.float64)
+        ref.to(torch.float64)
+    gen = torch.Generator().manual_seed(3)
+    report = []
+    for step in range(4):
+        x = torch.randn(4, 6, generator=gen, dtype=torch.float64)
+        use_b = case != "unreached" or step == 0
+        model(x, use_b).backward()
+        ref(x, use_b).backward()  # the same x on every rank: FSDP's mean is exact
+        opt.step()
+        ref_opt.step()
+        pairs = list(zip(model.parameters(), ref.parameters()))
+        report.append(
+            (
+                all(torch.equal(full(p.detach()), q.detach()) for p, q in pairs),
+                all(
+                    torch.equal(full(opt.state[p]["residual"]), ref_opt.state[q]["residual"])
+                    for p, q in pairs
+                ),
+            )
+        )
+        opt.zero_grad()
+        ref_opt.zero_grad()
+    return report
+
+
+def checkpoint_mixed_groups(rank, world, path):
+    """SGD momentum on the weights only (the biases keep no inner state), saved and
+    loaded with ``get/set_optimizer_state_dict``: this rank's keys, whether the run
+    resumed equals the uninterrupted one, and ``_holds_nonzero`` of a DTensor whose
+    only non-zero lies on rank 0."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        get_optimizer_state_dict,
+        set_optimizer_state_dict,
+    )
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from gradsift.optim.state_dict import _holds_nonzero
+
+    def build(seed):
+        model, _ = sharded_model(world, seed)
+        groups = [
+            {"params": [p for n, p in model.named_parameters() if n.endswith("weight")],
+             "momentum": 0.9},
+            {"params": [p for n, p in model.named_parameters() if n.endswith("bias")]},
+        ]  # fmt: skip
+        return model, TopK(torch.optim.SGD(groups, lr=0.1), density=0.3)
+
+    model, opt = build(0)
+    train_steps(model, opt, rank, 1)
+    osd = get_optimizer_state_dict(model, opt)
+    keys = sorted((k, tuple(sorted(v))) for k, v in osd["state"].items())
+    dcp.save({"model": model.state_dict(), "optim": osd}, checkpoint_id=path)
+    train_steps(model, opt, rank, 2, start=1)
+    model2, opt2 = build(1)
+    sd = {"model": model2.state_dict(), "optim": get_optimizer_state_dict(model2, opt2)}
+    dcp.load(sd, checkpoint_id=path)
+    model2.load_state_dict(sd["model"])
+    set_optimizer_state_dict(model2, opt2, sd["optim"])
+    train_steps(model2, opt2, rank, 2, start=1)
+    resumed = _snapshot(model2, opt2) == _snapshot(model, opt)
+    mesh = next(model.parameters()).device_mesh
+    t = distribute_tensor(torch.tensor([1.0, 0.0, 0.0, 0.0]), mesh, [Shard(0)])
+    return keys, resumed, _holds_nonzero(t)

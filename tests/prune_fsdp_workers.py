@@ -175,3 +175,22 @@ def train_keeps_masks(rank, world, hold):
     )
     moved = sum(int(torch.count_nonzero(full(params[n].detach()) != start[n])) for n in masks)
     return revived, moved
+
+
+def after_a_forward(rank, world):
+    """``fully_shard`` on the root only and a forward without backward, which leaves
+    its parameters unsharded (full tensors, not DTensors), then magnitude pruning:
+    whether the masks equal the unsharded model's, their types, and whether the model
+    then trains a step (torch.nn.utils.prune had been installed on FSDP's temporary
+    full tensors: reading the parameters after the reshard crashed the process)."""
+    model = bn_model()
+    ref = copy.deepcopy(model)
+    fully_shard(model, mesh=init_device_mesh("cpu", (world,)))
+    x, y = batch(0, 0)
+    with torch.no_grad():
+        model(x)
+    masks = gradsift.prune_at_init(model, "magnitude", SPARSITY)
+    expected = gradsift.prune_at_init(ref, "magnitude", SPARSITY)
+    same = [torch.equal(full(masks[n]).bool(), expected[n]) for n in expected]
+    F.cross_entropy(model(x), y).backward()
+    return same, sorted({type(m).__name__ for m in masks.values()})

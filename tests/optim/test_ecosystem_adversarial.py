@@ -974,6 +974,29 @@ def test_topk_checkpoint_loads_into_the_bare_inner_optimizer():
         torch.testing.assert_close(p, q, **EXACT)
 
 
+def test_a_group_without_inner_state_keeps_its_entries_zero_residuals_included():
+    # SGD momentum on the weights only: the biases never get inner state, and a bias
+    # whose residual is all zero (every coordinate sent) kept no entry, so the saved
+    # dict lacked a key that the fresh template has and a strict load failed
+    torch.manual_seed(0)
+    lin = nn.Linear(4, 2)
+    inner = torch.optim.SGD(
+        [{"params": [lin.weight], "momentum": 0.9}, {"params": [lin.bias], "momentum": 0.0}],
+        lr=0.1,
+    )
+    opt = TopK(inner, k=3)
+    template = set(TopK(torch.optim.SGD(
+        [{"params": [lin.weight], "momentum": 0.9}, {"params": [lin.bias]}], lr=0.1), k=3,
+    ).state_dict()["state"])  # fmt: skip
+    lin.weight.grad = torch.full((2, 4), 0.01)
+    lin.bias.grad = torch.tensor([5.0, -5.0])  # both sent: the bias residual is zero
+    opt.step()
+    assert not opt.state[lin.bias]["residual"].any()
+    sd = opt.state_dict()
+    assert set(sd["state"]) == template == {0, 1}
+    assert set(sd["state"][1]) == {"residual"}
+
+
 # --- torch.compile of the whole training step ------------------------------------------
 
 

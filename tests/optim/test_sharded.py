@@ -49,3 +49,28 @@ def test_distributed_checkpoint_resumes_bit_for_bit(tmp_path, load_world):
         assert _equal(after_load, at_save), "the loaded state differs from the saved one"
         if load_world == 2:  # the same gradients: the same run
             assert _equal(after_more, at_end), "the resumed run differs"
+
+
+@pytest.mark.parametrize(
+    "case, inner", [("unreached", "sgd"), ("unreached", "adam"), ("to64", "sgd")]
+)
+def test_unreached_parameters_and_a_late_conversion_match_single_process(case, inner):
+    # "unreached": opt.zero_grad() kept zero DTensor gradients, which then counted as
+    # gradients of a layer the next backward did not reach; "to64": the residuals
+    # stayed float32 after model.to(torch.float64)
+    reports = rank_results(run_world(workers.unreached_or_converted, 2, case, inner), 2)
+    for report in reports:
+        for step, (same_params, same_residuals) in enumerate(report):
+            assert same_params and same_residuals, f"step {step}"
+
+
+def test_checkpoint_keys_agree_across_ranks_with_a_group_without_inner_state(tmp_path):
+    # whether an entry's residual was all zero was read on each rank's shard alone,
+    # so the ranks could save different keys (dcp.save failed); and a bias (no inner
+    # state) whose residual was zero lost its entry, so the strict load failed
+    reports = rank_results(run_world(workers.checkpoint_mixed_groups, 2, str(tmp_path)), 2)
+    (keys0, resumed0, any0), (keys1, resumed1, any1) = reports
+    assert keys0 == keys1
+    assert len(keys0) == 6 and all("residual" in names for _, names in keys0)
+    assert resumed0 and resumed1
+    assert any0 and any1

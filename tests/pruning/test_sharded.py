@@ -59,6 +59,12 @@ def test_replicated_parameters_are_ranked_once(world, method):
         assert placements == "(Replicate(),)"
 
 
+def test_a_model_left_unsharded_by_a_forward_is_pruned_on_its_shards():
+    for same, kinds in rank_results(run_world(prune_workers.after_a_forward, 2), 2):
+        assert same and all(same)
+        assert kinds == ["DTensor"]
+
+
 def test_methods_and_options_without_a_sharded_form_refuse_before_any_work():
     for messages, untouched in rank_results(run_world(prune_workers.refusals, 2), 2):
         assert "'grasp' cannot score a sharded model" in messages[0], messages[0]

@@ -70,9 +70,17 @@ class ShardedGrads:
             for name in state_names:
                 if name not in state[p]:
                     state[p][name] = torch.zeros_like(p)
+                elif _moved(state[p][name], p):  # model.to(...) since: the state follows
+                    state[p][name] = state[p][name].to(dtype=p.dtype, device=p.device)
 
     def stale(self) -> bool:
-        return False
+        """Whether a parameter changed dtype or device since (``model.to(...)``)."""
+        return any(
+            _moved(t, p)
+            for p in self.params
+            for n, t in self.state[p].items()
+            if n in self.state_names
+        )
 
     def close(self) -> set[int]:
         return {id(p) for p in self.params if p.grad is not None}
@@ -178,11 +186,11 @@ class ShardedGrads:
         yield
 
     def zero_(self, set_to_none: bool) -> None:
+        """Gradients to None, whatever ``set_to_none`` says: FSDP2 gives each parameter
+        its gradient in the reduce-scatter, and a zero one kept would count as a
+        gradient for a parameter the next backward does not reach."""
         for p in self.params:
-            if set_to_none:
-                p.grad = None
-            elif p.grad is not None:
-                p.grad.zero_()
+            p.grad = None
 
     def nbytes(self) -> dict[str, int]:
         state = sum(
@@ -192,6 +200,10 @@ class ShardedGrads:
             if name in self.state_names
         )
         return {"state": state, "workspace": 0}
+
+
+def _moved(state: torch.Tensor, p) -> bool:
+    return state.dtype != p.dtype or state.device != p.device
 
 
 def _flat_mask(mask, g) -> torch.Tensor:

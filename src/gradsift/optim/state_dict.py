@@ -7,6 +7,8 @@ from __future__ import annotations
 import torch
 from torch.optim import Optimizer
 
+from gradsift.select.dtensor import is_sharded
+
 __all__ = ["state_dict_with_own", "load_own_state"]
 
 OWN_STATE = ("residual", "momentum")  # every per-parameter name TopK may keep
@@ -20,27 +22,43 @@ def _in_order(optimizer: Optimizer) -> list[torch.Tensor]:
 def state_dict_with_own(optimizer: Optimizer, own_state: dict, names: tuple[str, ...]) -> dict:
     """``optimizer.state_dict()`` with ``own_state[p][name]`` (cloned) added.
 
-    Where the inner optimizer holds state for some parameters but none for this one
-    (one backward never reached) and its own tensors are all zero, it gets no entry,
-    as in torch: an entry with a residual alone would not load into the bare inner
-    optimizer (Adam needs its ``step``), and an absent entry loads as zeros
+    Where the inner optimizer holds state for other parameters of this one's group
+    but none for it (one backward never reached) and its own tensors are all zero, it
+    gets no entry, as in torch: an entry with a residual alone would not load into the
+    bare inner optimizer (Adam needs its ``step``), and an absent entry loads as zeros
     (``load_own_state``). Otherwise every parameter's tensors are there, zeros
-    included, so that the dict is a complete template for ``dcp.load``.
+    included (a group whose optimizer keeps no state, SGD without momentum), so that
+    the dict is a complete template for ``dcp.load`` and its keys are the same on
+    every rank.
     """
     sd = optimizer.state_dict()
-    index = {id(p): i for i, p in enumerate(_in_order(optimizer))}
+    params = _in_order(optimizer)
+    index = {id(p): i for i, p in enumerate(params)}
+    group_of = {id(p): g for g, group in enumerate(optimizer.param_groups) for p in group["params"]}
+    stateful = {group_of[id(p)] for i, p in enumerate(params) if i in sd["state"]}
     state = dict(sd["state"])
     for p, st in own_state.items():
         own = {name: st[name] for name in names if name in st}
         i = index[id(p)]
         never_reached = (
-            sd["state"] and i not in state and not any(bool(t.any()) for t in own.values())
+            i not in state
+            and group_of[id(p)] in stateful
+            and not any(_holds_nonzero(t) for t in own.values())
         )
         if not own or never_reached:
             continue
         # a new dict: the inner state_dict shares its per-param dicts with .state
         state[i] = {**state.get(i, {}), **{n: t.clone() for n, t in own.items()}}
     return {**sd, "state": state}
+
+
+def _holds_nonzero(t: torch.Tensor) -> bool:
+    """Whether ``t`` holds a non-zero anywhere: in every rank's shard of a ``DTensor``
+    (whose ``any()`` reads this rank's alone, so that ranks would disagree on the keys
+    a distributed checkpoint saves). The same on every rank."""
+    if is_sharded([t]):
+        return bool((t != 0).sum().full_tensor())
+    return bool(t.any())
 
 
 def load_own_state(optimizer: Optimizer, own_state: dict, sd: dict, names) -> None:

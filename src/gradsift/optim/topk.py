@@ -265,7 +265,8 @@ class TopK(HasBudget, OptimizerWrapper):
 
     @torch.no_grad()
     def zero_grad(self, set_to_none: bool = False) -> None:
-        """Zero gradients; by default keep them as views of the flat buffer (fast)."""
+        """Zero gradients; by default keep them as views of the flat buffer (fast).
+        A sharded (FSDP2) model's become None, whatever ``set_to_none`` says."""
         if self._grads.stale():
             self._build()
         self._grads.zero_(set_to_none)

@@ -21,6 +21,7 @@ backward FSDP's collectives need): every rank then holds its rows of exactly ran
 
 from __future__ import annotations
 
+import sys
 from contextlib import contextmanager
 
 import torch
@@ -30,9 +31,21 @@ from gradsift.select.dtensor import is_sharded
 
 __all__ = ["is_sharded_model", "like", "local_rows", "preserved", "rank0_gradients", "share"]
 
+# where FSDP2's module class lives (public from torch 2.6 on), looked up in
+# sys.modules: a model can only hold one once its module was imported
+_FSDP_MODULES = ("torch.distributed.fsdp", "torch.distributed._composable.fsdp")
+
 
 def is_sharded_model(model: nn.Module) -> bool:
-    """Whether ``model``'s parameters are ``DTensor`` s (all or none: a mix raises)."""
+    """Whether ``model``'s parameters are ``DTensor`` s (all or none: a mix raises).
+    An FSDP2 module whose parameters a forward left unsharded (one without backward,
+    or ``reshard_after_forward=False``) is resharded first: its parameters are its
+    ``DTensor`` shards again, not FSDP's temporary full tensors."""
+    fsdp = [sys.modules.get(name) for name in _FSDP_MODULES]
+    kinds = tuple(m.FSDPModule for m in fsdp if m is not None and hasattr(m, "FSDPModule"))
+    for m in model.modules() if kinds else ():
+        if isinstance(m, kinds):
+            m.reshard()
     return is_sharded(list(model.parameters()))
 
 
