@@ -73,6 +73,21 @@ def test_clip_norm_clips_the_local_gradient():
         assert problems == [], problems
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_clip_norm_takes_the_norm_in_the_gradients_precision_or_float32(dtype):
+    # the norm was asked for in float32, which torch refuses for a float64 input:
+    # every float64 model's first compressed step raised
+    from gradsift.distributed.hook import _clip_
+
+    state = TopKHookState(density=0.5, clip_norm=1.0)
+    flat = torch.arange(1.0, 9.0, dtype=torch.float64).to(dtype)
+    norm = flat.double().norm()
+    want = (flat.double() * (1 / math.sqrt(2) / (norm + 1e-6))).to(dtype)
+    _clip_(state, flat, 2)
+    tol = {torch.float64: 1e-15, torch.float32: 1e-6, torch.bfloat16: 1e-2}[dtype]
+    torch.testing.assert_close(flat, want, rtol=tol, atol=0)
+
+
 # ---- wire formats (no process group needed) ----
 
 

@@ -134,13 +134,13 @@ def _clip_(state: TopKHookState, flat: torch.Tensor, world: int) -> None:
     """DGC's local clipping (Sec. 3.3), ``g <- g * min(1, c / (sqrt(W) ||g||))``, with
     ``clip_grad_norm_``'s maths (its 1e-6) on the buffer itself: ``clip_grad_norm_``
     clips ``.grad`` attributes, so given the buffer it changed nothing. The norm is
-    taken in float32 (a float16 one overflows), the threshold in the loss scale's
-    units under a ``GradScaler`` (the buffer holds scaled gradients)."""
+    taken in float32 or wider (a float16 one overflows), the threshold in the loss
+    scale's units under a ``GradScaler`` (the buffer holds scaled gradients)."""
     max_norm = state.clip_norm / world**0.5
     scaler = state.grad_scaler
     if scaler is not None and scaler.is_enabled():
         max_norm *= float(scaler.get_scale())
-    norm = torch.linalg.vector_norm(flat, dtype=torch.float32)
+    norm = torch.linalg.vector_norm(flat, dtype=torch.promote_types(flat.dtype, torch.float32))
     flat.mul_((max_norm / (norm + 1e-6)).clamp(max=1.0).to(flat.dtype))
 
 
