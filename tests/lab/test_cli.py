@@ -186,6 +186,11 @@ def test_bench_select_json(tmp_path, capsys):
         (["train", "--comm", "fp16", "--nproc", "2", "--density", "0.1"], "sends dense"),
         (["train", "--comm", "topk-dgc", "--nproc", "2", "--density", "0.1",
           "--no-error-feedback"], "topk-dgc is DGC's recipe, with error feedback"),
+        (["train", "--no-error-feedback"], "--no-error-feedback is for top-k training"),
+        (["train", "--nproc", "2", "--comm", "fp16", "--no-error-feedback"], "for top-k"),
+        (["train", "--out", __file__], "--out: " + __file__ + " is a file, not a folder"),
+        (["train", "--checkpoint", __file__], "--checkpoint: "),
+        (["prune", "--method", "snip", "--out", __file__], "is a file, not a folder"),
     ],
 )
 def test_bad_arguments_exit_2_with_one_line(argv, message, capsys):
@@ -265,8 +270,18 @@ def test_verbose_after_the_subcommand_and_defaults_in_help(capsys, tmp_path):
 
 
 def test_sweep_singular_flags_are_used_not_ignored():
-    args = cli.build_parser().parse_args(["sweep", "--method", "snip", "--sparsity", "0.7"])
-    assert args.methods == ["snip"] and args.sparsities == [0.7]
+    args = cli.build_parser().parse_args(
+        ["sweep", "--method", "snip", "--sparsity", "0.7", "--seed", "5"]
+    )
+    assert args.methods == ["snip"] and args.sparsities == [0.7] and args.seeds == [5]
+    assert not hasattr(args, "seed")  # (it was a second option, ignored: --seeds ran)
+
+
+def test_a_file_that_is_no_gradsift_checkpoint_is_one_line(tmp_path, capsys):
+    torch.save({"something": 1}, tmp_path / "checkpoint.pt")
+    argv = ["train", "--model", "mlp", "--epochs", "1", "--checkpoint", str(tmp_path)]
+    code, err = run_cli(argv, capsys)
+    assert code == 2 and len(err) == 1 and "is not a gradsift checkpoint" in err[0], err
 
 
 @pytest.mark.parametrize("option", ["--allocation", "--budget"])

@@ -83,6 +83,18 @@ def test_powersgd_state_reports_its_compression_and_round_trips():
     assert (fresh.rng.get_state()[1] == state.rng.get_state()[1]).all()
 
 
+def test_powersgd_state_survives_pickling():
+    # a checkpoint of several ranks gathers their states with gather_object (pickle):
+    # the generator's keys were a uint32 tensor, which torch cannot unpickle
+    import pickle
+
+    state, _, _ = make_hook("powersgd")
+    state.rng.random(5)  # somewhere in the stream
+    fresh, _, _ = make_hook("powersgd")
+    fresh.load_state_dict(pickle.loads(pickle.dumps(state.state_dict())))
+    assert (fresh.rng.random(3) == state.rng.random(3)).all()
+
+
 def test_powersgd_memories_follow_a_new_bucket_layout():
     """DDP lays its buckets out anew after the first iteration (and a resumed run
     starts in the initial layout): each parameter's error, P and Q pieces must move

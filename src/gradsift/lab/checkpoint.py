@@ -85,6 +85,8 @@ def restore(directory, setup) -> dict | None:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any unreadable file gets the same message
         raise ValueError(f"cannot read checkpoint {path}: {exc}") from None
+    if not isinstance(payload, dict) or not {"world", "model", "ranks"} <= payload.keys():
+        raise ValueError(f"{path} is not a gradsift checkpoint: give this run its own --checkpoint")
     if payload["world"] != setup.world:
         raise ValueError(
             f"checkpoint {path} was written by {payload['world']} processes, "

@@ -24,6 +24,7 @@ from gradsift.lab.arg_types import (
 )
 from gradsift.lab.comm import COMMS
 from gradsift.lab.launch import RankFailedError
+from gradsift.lab.option_checks import check_folders
 from gradsift.lab.shaping import check_rate
 
 __all__ = ["main", "build_parser"]
@@ -67,7 +68,8 @@ def _add_common(
     p.add_argument("--model", default="lenet5", choices=list_models(), help="network")
     p.add_argument("--dataset", default="digits", choices=list_datasets(), help="data set")
     p.add_argument("--data-root", help="folder holding cifar-10-batches-py/ etc.")
-    if not sweep:  # a sweep takes --methods and --sparsities (the singular as aliases)
+    if not sweep:  # a sweep takes --methods, --sparsities, --seeds (the singular as aliases)
+        p.add_argument("--seed", type=int, default=0, help="seeds the model, data order, pruning")
         p.add_argument(
             "--method",
             required=method_required,
@@ -98,7 +100,6 @@ def _add_common(
         default=1,
         help="prune in this many rounds (SynFlow uses 100)",
     )
-    p.add_argument("--seed", type=int, default=0, help="seeds the model, data order, pruning")
     p.add_argument("--device", type=_device, default="cpu", help="cpu or cuda (NCCL with --nproc)")
     p.add_argument("--out", help="output folder")
 
@@ -182,7 +183,7 @@ def _train_parsers(sub) -> None:
         default=[0.5, 0.9, 0.98],
         help="comma-separated",
     )
-    w.add_argument("--seeds", type=_list_of(int), default=[0, 1, 2], help="comma-separated")
+    w.add_argument("--seeds", "--seed", type=_list_of(int), default=[0, 1, 2], help="a,b,...")
     w.add_argument(
         *("--allocations", "--allocation", "--budgets", "--budget"),
         type=_list_of(_allocation),
@@ -281,11 +282,12 @@ def main(argv: list[str] | None = None) -> int:
         format="%(levelname)s %(name)s: %(message)s",
     )
     try:
+        check_folders(args)
         return args.func(args)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except (ValueError, TypeError, FileNotFoundError, ImportError) as exc:
+    except (ValueError, TypeError, OSError, ImportError) as exc:
         print(f"gradsift: error: {exc}", file=sys.stderr)
         return 2
     except RankFailedError as exc:

@@ -51,7 +51,7 @@ def _spec(args: argparse.Namespace, **overrides):
         lr=args.lr,
         density=args.density,
         error_feedback=args.error_feedback,
-        seed=args.seed,
+        seed=getattr(args, "seed", 0),  # a sweep names its seeds in overrides
         device=args.device,
         comm=getattr(args, "comm", None),
         fsdp=getattr(args, "fsdp", False),
@@ -62,7 +62,7 @@ def _spec(args: argparse.Namespace, **overrides):
         method=getattr(args, "method", None),  # a sweep names methods in overrides
         sparsity=_sparsity(args) if getattr(args, "method", None) else 0.0,
         iterations=args.iterations,
-        seed=args.seed,
+        seed=getattr(args, "seed", 0),
         train=cfg,
         data_root=args.data_root,
         allocation=getattr(args, "allocation", "global"),  # a sweep names them in overrides
@@ -122,7 +122,7 @@ def prune(args: argparse.Namespace) -> int:
         args.method,
         _sparsity(args),
         iterations=args.iterations,
-        seed=args.seed,
+        seed=getattr(args, "seed", 0),
         allocation=args.allocation,
         sanity=args.sanity,
     )

@@ -5,8 +5,9 @@ run recorded as if it had been applied."""
 from __future__ import annotations
 
 import argparse
+import os
 
-__all__ = ["check_bench", "check_fsdp", "check_train"]
+__all__ = ["check_bench", "check_folders", "check_fsdp", "check_train"]
 
 
 def check_train(args: argparse.Namespace, torchrun: bool) -> None:
@@ -26,8 +27,21 @@ def check_train(args: argparse.Namespace, torchrun: bool) -> None:
     if args.comm is not None and args.nproc < 2 and not torchrun:
         raise ValueError("--comm is the gradient communication between ranks: add --nproc N")
     check_density(args.comm, args.density)
+    if not args.error_feedback and args.density is None:
+        raise ValueError(
+            "--no-error-feedback is for top-k training: add --density (or leave it out)"
+        )
     if args.comm == "topk-dgc" and not args.error_feedback:
         raise ValueError("--comm topk-dgc is DGC's recipe, with error feedback: use --comm topk")
+
+
+def check_folders(args: argparse.Namespace) -> None:
+    """``--out`` and ``--checkpoint`` name folders: an existing file there is an
+    error before any work (it failed when the results were written, after training)."""
+    for option in ("out", "checkpoint"):
+        path = getattr(args, option, None)
+        if path and os.path.exists(path) and not os.path.isdir(path):
+            raise ValueError(f"--{option}: {path} is a file, not a folder")
 
 
 def check_fsdp(args: argparse.Namespace, torchrun: bool) -> None:

@@ -117,7 +117,9 @@ class PowerSGDRunState(powerSGD_hook.PowerSGDState):
         out["pending"] = {i: {n: t.clone() for n, t in pieces.items()}
                           for i, pieces in self.pending.items()}  # fmt: skip
         kind, keys, pos, has_gauss, gauss = self.rng.get_state()
-        out["rng"] = [kind, torch.from_numpy(keys.copy()), pos, has_gauss, gauss]
+        # int64, not numpy's uint32: a uint32 tensor does not survive pickling, which
+        # gathering the ranks' states for a checkpoint does
+        out["rng"] = [kind, torch.from_numpy(keys.astype("int64")), pos, has_gauss, gauss]
         out["counters"] = [self.iter, self.total_numel_before_compression,
                            self.total_numel_after_compression]  # fmt: skip
         return out
@@ -130,7 +132,7 @@ class PowerSGDRunState(powerSGD_hook.PowerSGDState):
         self.pending = {i: {n: t.clone() for n, t in pieces.items()}
                         for i, pieces in state.get("pending", {}).items()}  # fmt: skip
         kind, keys, pos, has_gauss, gauss = state["rng"]
-        self.rng.set_state((kind, keys.numpy().copy(), pos, has_gauss, gauss))
+        self.rng.set_state((kind, keys.numpy().astype("uint32"), pos, has_gauss, gauss))
         (self.iter, self.total_numel_before_compression,
          self.total_numel_after_compression) = state["counters"]  # fmt: skip
 
