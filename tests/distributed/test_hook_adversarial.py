@@ -164,8 +164,8 @@ def test_compress_fp16_overflow_policy():
     g = torch.tensor([7e4, -1.2e5, 2.5e5, 1.0, 0.5])
     idx, values = compress_(state, g, [(0, 0)], [5])
     assert idx.tolist() == [0, 1, 2, 3]
-    assert values.float().tolist() == [F16MAX, -F16MAX, 0.0, 1.0]
-    assert state.residual.tolist() == [7e4 - F16MAX, -1.2e5 + F16MAX, 2.5e5, 0.0, 0.5]
+    assert values.float().tolist() == [F16MAX, -F16MAX, F16MAX, 1.0]
+    assert state.residual.tolist() == [7e4 - F16MAX, -1.2e5 + F16MAX, 2.5e5 - F16MAX, 0.0, 0.5]
 
 
 def test_state_dict_and_pickle_carry_residual_and_velocity():

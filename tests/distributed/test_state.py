@@ -51,24 +51,41 @@ def test_compress_conserves_mass_exactly(dtype, value_dtype):
 
 
 def test_fp16_values_beyond_its_range_stay_behind_exactly():
+    # past twice float16's top a value sends the largest multiple of its spacing
+    # within it (1e9: spacing 64, 65472); it sent nothing, so it was selected again
+    # and again and never delivered
     state = TopKHookState(k=3, value_dtype=torch.float16)
     g = torch.tensor([1e5, -7e4, 1e9, 0.5])
     idx, vals = compress_(state, g, [(0, 0)], [4])
     assert idx.tolist() == [0, 1, 2]
-    assert vals.float().tolist() == [65504.0, -65504.0, 0.0]
-    assert state.residual.tolist() == [1e5 - 65504.0, -7e4 + 65504.0, 1e9, 0.5]
+    assert vals.float().tolist() == [65504.0, -65504.0, 65472.0]
+    assert state.residual.tolist() == [1e5 - 65504.0, -7e4 + 65504.0, 1e9 - 65472.0, 0.5]
+
+
+def test_a_value_beyond_the_wire_is_delivered_over_the_steps_after():
+    # 3e5 a step on one coordinate, float16 on the wire: 65504 goes out each step and
+    # the residual holds the rest, exactly (sent + residual == what came in)
+    state = TopKHookState(k=1, value_dtype=torch.float16)
+    sent = 0.0
+    for step in range(1, 6):
+        idx, vals = compress_(state, torch.tensor([3e5, 0.0]), [(0, 0)], [2])
+        assert idx.tolist() == [0] and vals.item() == 65504.0
+        sent += vals.item()
+        assert sent + state.residual[0].item() == 3e5 * step
 
 
 @pytest.mark.parametrize(
     "dtype, value_dtype, g, sent",
     [  # 65280 is the largest value finite in float16 and bfloat16 alike
-        (torch.bfloat16, torch.float16, [65504, -1.3e5, 3e5, 0.5], [65280, -65280, 0]),
+        (torch.bfloat16, torch.float16, [65504, -1.3e5, 3e5, 0.5], [65280, -65280, 63488]),
         (torch.float16, torch.bfloat16, [65504, -65440, 65000, 0.5], [65280, -65280, 65024]),
     ],
 )
 def test_between_16_bit_dtypes_the_top_of_both_is_sent(dtype, value_dtype, g, sent):
-    """What lies above the top of both dtypes stays behind, and above twice it all of
-    it stays (so the difference is exact); below it the value is rounded as usual."""
+    """What lies above the top of both dtypes stays behind; above twice it the value
+    sends the largest multiple of its spacing within the top (bfloat16's 299008:
+    spacing 2048, 63488), so the difference is exact; below the top the value is
+    rounded as usual."""
     state = TopKHookState(k=3, value_dtype=value_dtype)
     g = torch.tensor(g, dtype=torch.float64).to(dtype)
     idx, vals = compress_(state, g, [(0, 0)], [4])

@@ -70,8 +70,8 @@ class TopKHookState(HasBudget):
         encoding: wire format, ``gradsift.distributed.encoding`` (default ``"auto"``).
         value_dtype: send values as ``torch.bfloat16``/``torch.float16`` (the rounding
             error stays in the residual; a value beyond the largest one finite in both
-            the gradient's dtype and this is sent as that, the rest stays) or as the
-            gradient's dtype (None).
+            the gradient's dtype and this sends at most that, the rest stays for the
+            steps after) or as the gradient's dtype (None).
         momentum_correction: DGC momentum ``m``; the inner optimizer then has none.
         warmup: a density schedule, ``gradsift.distributed.warmup`` (``dgc_warmup``).
         clip_norm: DGC's local gradient clipping at ``clip_norm / sqrt(world)``.
@@ -269,7 +269,7 @@ def compress_into_(state: TopKHookState, work: torch.Tensor, k: int, *, rounded:
     )
     if rounded and state.value_dtype is not None and state.value_dtype != values.dtype:
         sent = round_for_wire(values, state.value_dtype)
-        if state.residual is not None:  # exact: q is within a factor 2 of a (Sterbenz)
+        if state.residual is not None:  # exact (distributed.rounding)
             state.residual.index_copy_(0, idx, values - sent.to(values.dtype))
         values = sent
     return idx, values
