@@ -264,6 +264,17 @@ def dgc_two_ranks(rank, world):
     return rank, diff
 
 
+# the settings that decide the collectives, each differing on rank 1 alone (a
+# warm-up on one rank: allreduce per bucket there, the header all-gather on rank 0)
+SETTINGS = {
+    "k (density, k or warm-up)": {"density": 0.2},
+    "value_dtype": {"value_dtype": torch.bfloat16},
+    "encoding": {"encoding": "int64"},
+    "dense_if_larger": {"dense_if_larger": False},
+    "start_iter": {"start_iter": 1},
+}
+
+
 def mismatched_state(rank, world, port, queue, how="model"):
     """Rank 1 resumes the hook from another model's state (or, ``how="find_unused"``,
     holds unused parameters out where rank 0 does not; ``how="error_feedback"``, both
@@ -273,9 +284,13 @@ def mismatched_state(rank, world, port, queue, how="model"):
     ddp = DDP(small_model())
     unused = (how == "find_unused" and rank == 1) or how == "error_feedback"
     feedback = not (how == "error_feedback" and rank == 1)
-    state = TopKHookState(
-        density=0.1, start_iter=0, find_unused_parameters=unused, error_feedback=feedback
-    )
+    settings = dict(density=0.1, start_iter=0)
+    if rank == 1:  # one setting of rank 1's state differs (SETTINGS)
+        settings.update(SETTINGS.get(how, {}))
+    state = TopKHookState(**settings, find_unused_parameters=unused, error_feedback=feedback)
+    if how == "resumed":  # rank 0 resumed at step 3; rank 1 forgot to load: its warm-up
+        state.start_iter = 2
+        state.iter = 3 if rank == 0 else 0
     if rank == 1 and how == "model":
         other = TopKHookState(density=0.1)
         from gradsift.distributed import compress_

@@ -23,9 +23,10 @@ import torch
 
 from gradsift.checks import check_choice
 
-__all__ = ["ENCODINGS", "choose", "message_bytes", "encode", "decode"]
+__all__ = ["ENCODINGS", "VALUE_DTYPES", "choose", "message_bytes", "encode", "decode"]
 
 ENCODINGS = ("auto", "int64", "int32", "local16", "bitmap")
+VALUE_DTYPES = (None, torch.float32, torch.float16, torch.bfloat16)  # None: the gradient's
 _CHUNK_BITS = 16
 _CHUNK = 1 << _CHUNK_BITS
 

@@ -8,11 +8,13 @@ one and concatenated in one vector (in the widest of the buckets' dtypes: DDP bu
 each dtype apart); then, on every rank, in the same order:
 
 1. a small all-gather of a header (finite flag, iteration, size, layout, and the
-   state's ``error_feedback`` and ``find_unused_parameters``, which decide the
-   collectives): a rank whose state does not match the others' is an error on
-   every rank, and a non-finite gradient anywhere sends every bucket through a
-   plain allreduce, so that ``GradScaler`` sees the inf/NaN on every rank and
-   skips the step (the residuals are untouched);
+   state's settings that decide the collectives: ``error_feedback``,
+   ``find_unused_parameters``, ``start_iter``, this step's k, wire format and
+   message size, ``dense_if_larger``; one in each warm-up step too): a rank whose
+   state does not match the others' is an error on every rank, and a non-finite
+   gradient anywhere sends every bucket through a plain allreduce, so that
+   ``GradScaler`` sees the inf/NaN on every rank and skips the step (the residuals
+   are untouched);
 2. if the bytes model (``gradsift.distributed.cost``) says sparse pays: one
    all-gather of every rank's encoded top-k (``gradsift.distributed.encoding``),
    scatter-added and divided by the world size; else the residual is flushed into
@@ -67,6 +69,8 @@ def topk_hook(state: TopKHookState, bucket) -> torch.futures.Future[torch.Tensor
     if bucket.index() == 0:
         state._stash = []
     if state.iter < state.start_iter:
+        if bucket.index() == 0:  # the ranks agree that this step is a warm-up one
+            _exchange_header(state, tensor, None, dist.get_world_size(state.process_group))
         nbytes = tensor.numel() * tensor.element_size()
         state.bytes_dense += nbytes
         state.bytes_sent += nbytes
@@ -111,7 +115,8 @@ def _finish(state: TopKHookState, stash) -> None:
     flat = torch.cat(parts, out=state.flat_buffer(n, dtype, parts[0].device))
     element = flat.element_size()
     state.bytes_dense += n * element
-    finite = _exchange_header(state, flat, [(key, size) for key, size, _, _ in entries], world)
+    layout = [(key, size) for key, size, _, _ in entries]
+    finite = _exchange_header(state, flat, layout, world, _planned(state, n, flat.dtype))
     state.budget.check_fits(n, f"the model's {n} coordinates")  # n: the same on every rank
     iteration, state.iter = state.iter, state.iter + 1
     if finite and state.clip_norm is not None:  # DGC Sec. 3.3: clip before accumulating
@@ -151,23 +156,49 @@ def _digest(layout) -> int:
     return digest
 
 
-def _exchange_header(state: TopKHookState, flat, layout, world) -> bool:
+def _planned(state: TopKHookState, n: int, dtype) -> tuple[int, str, int]:
+    """This step's ``(k, encoding, message bytes)`` on the sparse path; ``k`` is -1
+    where it does not fit (``check_fits`` then raises on every rank, after the
+    header)."""
+    try:
+        state.budget.check_fits(n, "")
+    except ValueError:
+        return -1, "auto", -1
+    k = state.budget_at(state.iter).resolve(n)
+    encoding, size = message_bytes(state, n, k, dtype)
+    return k, encoding, size
+
+
+_WARMUP = -2  # a warm-up step's header: no size, layout or plan of its own
+
+
+def _exchange_header(state: TopKHookState, flat, layout, world, planned=None) -> bool:
     """All-gather the header; raise on a mismatch; whether every rank is finite.
 
     The layout sent is the state's own (a loaded one) when it has one, so that a
     rank holding another model's state fails on every rank at once, not by a hang.
+    Every setting that decides the collectives is compared (a rank with another
+    density, wire format or warm-up length would otherwise hang or garble the
+    all-gather), the warm-up steps included (``layout`` and ``planned`` None).
     """
-    digest = _digest(state.layout or layout)
+    warm = planned is None
+    k, encoding, size = planned or (_WARMUP, "auto", _WARMUP)
     header = torch.tensor(
         [
-            int(not all_finite(flat)),
+            0 if warm else int(not all_finite(flat)),
             state.iter,
-            flat.numel(),
-            digest,
+            _WARMUP if warm else flat.numel(),
+            _WARMUP if warm else _digest(state.layout or layout),
             int(state.error_feedback or state.residual is not None),  # a residual: one below
             -1 if state.rank is None else state.rank,
             -1 if state.world_size is None else state.world_size,
             int(state.find_unused_parameters),  # an extra collective: the same on every rank
+            state.start_iter,
+            k,
+            wire.ENCODINGS.index(encoding),
+            wire.VALUE_DTYPES.index(state.value_dtype),
+            int(state.dense_if_larger),
+            size,
         ],
         dtype=torch.int64,
         device=flat.device,  # NCCL gathers CUDA tensors only
@@ -179,10 +210,12 @@ def _exchange_header(state: TopKHookState, flat, layout, world) -> bool:
     _check_owners(rows[:, 5].tolist(), rows[:, 6].tolist(), world)
     state.rank, state.world_size = dist.get_rank(state.process_group), world
     resumed = "was a rank resumed from another checkpoint?"
-    checked = ((1, "iteration", resumed), (2, "model size", resumed),
-               (3, "parameter layout", resumed),
-               (4, "error_feedback", "give every rank's state the same"),
-               (7, "find_unused_parameters", "give every rank's state the same"))  # fmt: skip
+    same = "give every rank's state the same"
+    checked = ((1, "iteration", resumed), (8, "start_iter", same), (2, "model size", resumed),
+               (3, "parameter layout", resumed), (4, "error_feedback", same),
+               (7, "find_unused_parameters", same), (9, "k (density, k or warm-up)", same),
+               (11, "value_dtype", same), (10, "encoding", same), (12, "dense_if_larger", same),
+               (13, "message size", same))  # fmt: skip
     for column, what, hint in checked:
         differ = torch.nonzero(rows[:, column] != rows[0, column]).flatten().tolist()
         if differ:
@@ -191,7 +224,8 @@ def _exchange_header(state: TopKHookState, flat, layout, world) -> bool:
                 f"top-k hook states differ across ranks in {what}: rank(s) {differ} differ "
                 f"from rank 0{shown}; {hint}"
             )
-    match_layout_(state, flat, layout)
+    if not warm:
+        match_layout_(state, flat, layout)
     return not bool(rows[:, 0].any())
 
 

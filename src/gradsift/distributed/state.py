@@ -46,7 +46,6 @@ from gradsift.optim.workspace import Workspace
 
 __all__ = ["TopKHookState", "compress_", "compress_into_", "match_layout_", "message_bytes"]
 
-_VALUE_DTYPES = (None, torch.float32, torch.float16, torch.bfloat16)
 _SAVED = (
     "iter", "bytes_sent", "bytes_dense", "residual", "velocity", "layout", "scale",
     "rank", "world_size",
@@ -120,7 +119,7 @@ class TopKHookState(HasBudget):
         self.dense_if_larger = bool(dense_if_larger)
         self.process_group = process_group
         check_choice("encoding", encoding, wire.ENCODINGS)
-        check_choice("value_dtype", value_dtype, _VALUE_DTYPES)
+        check_choice("value_dtype", value_dtype, wire.VALUE_DTYPES)
         self.encoding, self.value_dtype = encoding, value_dtype
         self.momentum_correction = check_momentum_correction(momentum_correction)
         if self.momentum_correction is not None and not self.error_feedback:
