@@ -121,14 +121,7 @@ def prune_at_init(
     entry = get_method(method)
     data = replayable(data)
     rescore = None
-
-    def own_rounds(target: float) -> dict:
-        """What a criterion with its own rounds needs to run them as this call would."""
-        if not entry.takes_sparsity:
-            return {}
-        spread = {"allocation": allocation, "min_per_layer": min_per_layer}
-        return {"sparsity": target, **{k: v for k, v in spread.items() if k in entry.options()}}
-
+    spread = {"allocation": allocation, "min_per_layer": min_per_layer}
     if entry.rescorer is not None and len(targets) > 1:  # cheap rounds when it has them
         with scoring_rng(model):
             rescore = entry.rescorer(model, data, params=params, **checked_options(method, options))
@@ -139,9 +132,8 @@ def prune_at_init(
             with scoring_rng(model):
                 scores = rescore(masks)
         else:
-            scores = run_criterion(
-                model, method, data, params=params, warn=False, **options, **own_rounds(target)
-            )
+            own = _own_rounds(entry, target, spread)
+            scores = run_criterion(model, method, data, params=params, warn=False, **options, **own)
         masks = select(
             inverted(scores, sanity),
             target,
@@ -157,6 +149,15 @@ def prune_at_init(
     install_masks_(model, masks, owned=True)
     sanity_masks_(model, masks, sanity, generator=generator, within=before)
     return {name: mask_of(m, a) for name, (m, a) in prunable(model, list(masks)).items()}
+
+
+def _own_rounds(entry, target: float, spread: dict) -> dict:
+    """What a criterion with rounds of its own (``takes_sparsity``) needs to run them as
+    ``prune_at_init`` would: the round's target, and ``spread`` (allocation and
+    ``min_per_layer``) where it takes them."""
+    if not entry.takes_sparsity:
+        return {}
+    return {"sparsity": target, **{k: v for k, v in spread.items() if k in entry.options()}}
 
 
 def _kept_before(masks: dict | None, sanity: str | None) -> dict | None:
