@@ -243,8 +243,11 @@ def test_bad_cifar_folder_is_one_line_naming_the_file(tmp_path, capsys, content,
         (["train", "--device", "bogus"], "--device"),
         (["train", "--device", "cuda"], "CUDA"),
         (["bench", "select", "--sizes", "10,-5"], "positive integer"),
-        (["train", "--lr", "nan"], "lr must be in (0, inf)"),
-        (["train", "--lr", "-1"], "lr must be in (0, inf)"),
+        (["train", "--lr", "nan"], "lr must be in (0, 3.4e38]"),
+        (["train", "--lr", "-1"], "lr must be in (0, 3.4e38]"),
+        (["train", "--lr", "1e39"], "lr must be in (0, 3.4e38]"),  # SGD's overflow before
+        (["train", "--seed", "9" * 23], "argument --seed: must be an integer in [0, 2**63 - 1]"),
+        (["sweep", "--seeds", "1,-2"], "argument --seeds/--seed: must be an integer in"),
     ],
 )
 def test_more_bad_arguments_exit_2_with_one_line(argv, message, capsys):

@@ -21,6 +21,7 @@ __all__ = [
     "sparsity",
     "density",
     "lr",
+    "seed",
 ]
 
 
@@ -79,7 +80,18 @@ def list_of(parse):
 
 sparsity = number("sparsity", "[0, 1)")
 density = number("density", "(0, 1]")
-lr = number("lr", "(0, inf)")
+lr = number("lr", "(0, 3.4e38]")  # float32's range: SGD multiplies float32 weights by it
+
+
+def seed(text: str) -> int:
+    """A seed ``torch.manual_seed`` takes: an integer in [0, 2**63 - 1]."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+    if not 0 <= value < 2**63:
+        raise argparse.ArgumentTypeError(f"must be an integer in [0, 2**63 - 1], got {text}")
+    return value
 
 
 def allocation(text: str) -> str:

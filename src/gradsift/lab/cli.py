@@ -20,6 +20,7 @@ from gradsift.lab.arg_types import (
     lr as _lr,
     positive_int as _positive_int,
     sanity as _sanity,
+    seed as _seed,
     sparsity as _sparsity,
 )
 from gradsift.lab.comm import COMMS
@@ -69,7 +70,7 @@ def _add_common(
     p.add_argument("--dataset", default="digits", choices=list_datasets(), help="data set")
     p.add_argument("--data-root", help="folder holding cifar-10-batches-py/ etc.")
     if not sweep:  # a sweep takes --methods, --sparsities, --seeds (the singular as aliases)
-        p.add_argument("--seed", type=int, default=0, help="seeds the model, data order, pruning")
+        p.add_argument("--seed", type=_seed, default=0, help="seeds the model, data order, pruning")
         p.add_argument(
             "--method",
             required=method_required,
@@ -134,7 +135,7 @@ def _demo_parser(sub) -> None:
     )
     d.add_argument("--density", type=_density, default=0.01, help="gradient density")
     d.add_argument("--epochs", type=_positive_int, default=20, help="training epochs")
-    d.add_argument("--seed", type=int, default=0, help="seeds everything")
+    d.add_argument("--seed", type=_seed, default=0, help="seeds everything")
     _add_jobs(
         d,
         "runs at a time, each in its own single-threaded process (default: the "
@@ -183,7 +184,7 @@ def _train_parsers(sub) -> None:
         default=[0.5, 0.9, 0.98],
         help="comma-separated",
     )
-    w.add_argument("--seeds", "--seed", type=_list_of(int), default=[0, 1, 2], help="a,b,...")
+    w.add_argument("--seeds", "--seed", type=_list_of(_seed), default=[0, 1, 2], help="a,b,...")
     w.add_argument(
         *("--allocations", "--allocation", "--budgets", "--budget"),
         type=_list_of(_allocation),
