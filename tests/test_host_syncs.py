@@ -82,10 +82,10 @@ def recorded(monkeypatch):
     monkeypatch.undo()
 
 
-def steady_step(monkeypatch, inner, steps=3, missing=None, **topk):
-    """The waits of the last of ``steps`` fused steps (the first ones allocate and
-    build the parameter table; ``missing``: that parameter has no gradient from
-    step 1 on)."""
+def steady_step(monkeypatch, inner, steps=2, missing=None, **topk):
+    """The waits of the last of ``steps`` fused steps (the first allocates and builds
+    the parameter table, the scheduler's new rate is copied into it before the
+    second; ``missing``: that parameter has no gradient from step 1 on)."""
     ps = params()
     opt = TopK(inner(ps), backend="triton", **topk)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0 / (1 + step))
