@@ -6,7 +6,7 @@ import stat
 
 import pytest
 
-from gradsift.lab.atomic import atomic_write_bytes, atomic_write_json, read_json
+from gradsift.lab.atomic import atomic_write_bytes, atomic_write_json, locked_folder, read_json
 
 
 def test_write_and_read(tmp_path):
@@ -71,3 +71,32 @@ def test_rewriting_a_file_keeps_its_mode_as_open_would(tmp_path):
     os.chmod(path, 0o640)
     atomic_write_json(path, {"a": 2})
     assert stat.S_IMODE(path.stat().st_mode) == 0o640 and read_json(path) == {"a": 2}
+
+
+def test_a_locked_folder_makes_another_process_wait(tmp_path):
+    # another process (loading atomic.py alone: no torch to import) says it is ready,
+    # then takes the same lock and prints the time it got it: after it was released
+    import subprocess
+    import sys
+    import time
+
+    import gradsift.lab.atomic as atomic
+
+    folder = tmp_path / "out"
+    script = (
+        "import importlib.util, sys, time\n"
+        "spec = importlib.util.spec_from_file_location('atomic', sys.argv[1])\n"
+        "atomic = importlib.util.module_from_spec(spec); spec.loader.exec_module(atomic)\n"
+        "print('ready', flush=True)\n"
+        "with atomic.locked_folder(sys.argv[2]):\n    print(time.time(), flush=True)"
+    )
+    argv = [sys.executable, "-c", script, atomic.__file__, str(folder)]
+    with locked_folder(folder):
+        assert folder.is_dir()
+        other = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+        assert other.stdout.readline().strip() == "ready"
+        time.sleep(0.5)  # it waits for the lock meanwhile
+        released = time.time()
+    took = float(other.stdout.readline())
+    other.wait(timeout=60)
+    assert took >= released

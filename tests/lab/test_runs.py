@@ -233,6 +233,25 @@ def test_sweep_resumes_over_old_records(tmp_path, monkeypatch):
     assert runs.run_sweep([erk, glob, new], path) == results and len(ran) == 1
 
 
+def test_two_sweeps_into_one_file_keep_each_others_runs(tmp_path, monkeypatch):
+    # each sweep read the file once and rewrote it from its own list: the one that
+    # wrote last dropped the other's finished runs
+    path = tmp_path / "results.json"
+    mine = [RunSpec(method="snip", sparsity=s) for s in (0.5, 0.9)]
+    theirs = RunSpec(method="random", sparsity=0.5)
+
+    def fake(spec, **kw):
+        if spec is mine[1]:  # the other sweep saves a run while this one trains
+            path.write_text(json.dumps({"runs": load_results(path) + [_record(theirs)]}))
+        return _record(spec)
+
+    monkeypatch.setattr(runs, "run_one", fake)
+    results = runs.run_sweep(mine, path)
+    keys = [r["key"] for r in load_results(path)]
+    assert keys == [mine[0].key(), theirs.key(), mine[1].key()]
+    assert [r["key"] for r in results] == keys
+
+
 @pytest.mark.parametrize("allocation", ["global", "erk"])
 def test_new_record_round_trips(tmp_path, monkeypatch, allocation):
     spec = RunSpec(method="snip", sparsity=0.9, allocation=allocation)

@@ -10,7 +10,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-__all__ = ["atomic_write_bytes", "atomic_write_json", "read_json"]
+__all__ = ["atomic_write_bytes", "atomic_write_json", "locked_folder", "read_json"]
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
@@ -68,3 +68,22 @@ def read_json(path: str | os.PathLike, default: Any = None) -> Any:
         raise ValueError(
             f"{path} is not valid JSON ({exc}); move it away to start afresh"
         ) from None
+
+
+@contextlib.contextmanager
+def locked_folder(folder: str | os.PathLike):
+    """Hold an exclusive lock on ``folder`` (``flock``; created if missing) while the
+    block runs: two processes that read, change and rewrite a file in it take turns.
+    Where ``fcntl`` does not exist (Windows) the block runs unlocked."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # (releases the lock)

@@ -15,7 +15,7 @@ import torch
 
 from gradsift import prune_at_init, sparsity_report
 from gradsift.lab import processes
-from gradsift.lab.atomic import atomic_write_json
+from gradsift.lab.atomic import atomic_write_json, locked_folder
 from gradsift.lab.comm import dense_ratio
 from gradsift.lab.data import load_dataset, loader
 from gradsift.lab.models import build_model
@@ -139,15 +139,19 @@ def run_sweep(specs: list[RunSpec], path, *, progress: bool = False, on_result=N
     every finished run, so the same call resumes where it stopped. ``jobs > 1`` runs
     that many single-threaded worker processes (the small models of the studies use
     cores better one run per core than one run on all of them); results are then
-    saved in the order they finish.
+    saved in the order they finish. Each save re-reads ``path`` under a lock of its
+    folder, so that two sweeps writing to one file keep each other's runs.
     """
     results = load_results(path)
     done = {r["key"] for r in results}
     todo = list({s.key(): s for s in specs if s.key() not in done}.values())
     log.info("%d of %d runs already in %s", len(specs) - len(todo), len(specs), path)
     for record in run_many(todo, jobs=jobs, progress=progress):
-        results.append(record)
-        atomic_write_json(path, {"runs": results})
+        with locked_folder(os.path.dirname(os.path.abspath(path))):
+            results = load_results(path)
+            if all(r["key"] != record["key"] for r in results):
+                results.append(record)
+            atomic_write_json(path, {"runs": results})
         if on_result is not None:
             on_result(record)
     return results
