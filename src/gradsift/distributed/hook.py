@@ -116,17 +116,17 @@ def _finish(state: TopKHookState, stash) -> None:
     element = flat.element_size()
     state.bytes_dense += n * element
     layout = [(key, size) for key, size, _, _ in entries]
-    finite = _exchange_header(state, flat, layout, world, _planned(state, n, flat.dtype))
+    planned = _planned(state, n, flat.dtype)  # compared across ranks in the header
+    finite = _exchange_header(state, flat, layout, world, planned)
     state.budget.check_fits(n, f"the model's {n} coordinates")  # n: the same on every rank
-    iteration, state.iter = state.iter, state.iter + 1
+    state.iter += 1
     if finite and state.clip_norm is not None:  # DGC Sec. 3.3: clip before accumulating
         _clip_(state, flat, world)
     held = []
     if finite and state.find_unused_parameters:
         rescale_for_grad_scaler_(state)  # what is set aside, in the current scale's units
         held = hold_out_unused_(state, flat, [size for _, size, _, _ in entries])
-    k = state.budget_at(iteration).resolve(n)
-    encoding, size = message_bytes(state, n, k, flat.dtype)
+    k, encoding, size = planned
     if not finite or (state.dense_if_larger and not sparse_pays(size, n, element, world)):
         _dense(state, flat, finite, world)
     else:
