@@ -153,6 +153,24 @@ def test_bench_select_json(tmp_path, capsys):
 
 
 @pytest.mark.parametrize(
+    "what, argv, expected",
+    [
+        ("ddp", ["--steps", "5", "--batch", "2"], {"bandwidth": None, "steps": 5, "batch": 2}),
+        ("ddp", [], {"bandwidth": None}),  # the bench's own defaults
+        ("prune-memory", ["--network", "gpt2"], {"device": "cpu", "network": "gpt2"}),
+        ("prune-memory", [], {"device": "cpu"}),
+    ],
+)
+def test_bench_passes_the_options_given(what, argv, expected, monkeypatch, capsys):
+    from gradsift.lab.bench import BENCHES
+
+    seen = []
+    monkeypatch.setitem(BENCHES, what, (lambda **kw: seen.append(kw) or [], []))
+    assert cli.main(["bench", what, *argv]) == 0
+    assert seen == [expected]
+
+
+@pytest.mark.parametrize(
     "argv, message",
     [
         (["train", "--sparsity", "1.5"], "sparsity must be in [0, 1)"),
@@ -177,6 +195,9 @@ def test_bench_select_json(tmp_path, capsys):
         (["bench", "score", "--width", "8"], "--width is for bench prune-memory, not score"),
         (["bench", "select", "--model", "mlp"], "--model is for bench ddp, not select"),
         (["bench", "ddp", "--repeats", "3"], "--repeats is for bench select or"),
+        (["bench", "select", "--steps", "5"], "--steps is for bench ddp, not select"),
+        (["bench", "step", "--batch", "4"], "--batch is for bench ddp, not step"),
+        (["bench", "score", "--network", "gpt2"], "--network is for bench prune-memory, not score"),
         (["bench", "ddp", "--model", "vgg"], "argument --model: invalid choice: 'vgg'"),
         # options that would be ignored, and recorded as if applied
         (["train", "--sparsity", "0.5"], "--sparsity prune at init: add --method"),

@@ -251,10 +251,10 @@ def _study_parsers(sub) -> None:
         help="ddp: comma-separated emulated loopback rates (100mbit,1gbit,10gbit; needs root)",
     )
     b.add_argument("--model", choices=list_models(), help="ddp: the network (resnet18)")
-    b.add_argument("--steps", type=_positive_int, default=13, help="ddp: steps (3 untimed)")
-    b.add_argument("--batch", type=_positive_int, default=8, help="ddp: batch per rank")
-    net = "prune-memory: an MLP, or a GPT-2 from a config (transformers; GPT-2-XL's shape)"
-    b.add_argument("--network", choices=("mlp", "gpt2"), default="mlp", help=net)
+    b.add_argument("--steps", type=_positive_int, help="ddp: steps (13; 3 untimed)")
+    b.add_argument("--batch", type=_positive_int, help="ddp: batch per rank (8)")
+    net = "prune-memory: an MLP (default) or a GPT-2 from a config (transformers; GPT-2-XL)"
+    b.add_argument("--network", choices=("mlp", "gpt2"), help=net)
     width = "prune-memory: the MLP's width (4096) or GPT-2's n_embd (1600)"
     b.add_argument("--width", type=_positive_int, help=width)
     depth = "prune-memory: the MLP's Linear layers (4) or GPT-2's n_layer (48)"

@@ -234,6 +234,11 @@ def _gpu_bench(args: argparse.Namespace):
     return partial(run, device=args.device), columns
 
 
+def _given(args: argparse.Namespace, *names: str) -> dict:
+    """The options given on the command line; the bench's own defaults stand for the rest."""
+    return {n: getattr(args, n) for n in names if getattr(args, n) is not None}
+
+
 def bench(args: argparse.Namespace) -> int:
     from gradsift.lab.bench import BENCHES
 
@@ -244,17 +249,13 @@ def bench(args: argparse.Namespace) -> int:
     elif args.device != "cpu" and args.what != "prune-memory":
         run, columns = _gpu_bench(args)
     if args.what == "ddp":
-        ddp = {"model": args.model or "resnet18", "steps": args.steps, "batch": args.batch}
+        ddp = _given(args, "model", "steps", "batch")
         rows = [r for rate in args.bandwidth or [None] for r in run(bandwidth=rate, **ddp)]
         columns = [Column(lambda r: r.get("bandwidth", "unshaped"), "link"), *columns]
     else:
-        options = {} if args.repeats is None else {"repeats": args.repeats}
-        if args.sizes:
-            options["sizes"] = args.sizes
+        options = _given(args, "repeats", "sizes")
         if args.what == "prune-memory":
-            options.update(
-                device=args.device, network=args.network, width=args.width, depth=args.depth
-            )
+            options.update(device=args.device, **_given(args, "network", "width", "depth"))
         rows = run(**options)
     print(render(rows, columns))
     if args.json:

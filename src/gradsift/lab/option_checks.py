@@ -63,6 +63,9 @@ def check_bench(args: argparse.Namespace) -> None:
         "--repeats": (args.repeats, tuple(b for b in BENCHES if b != "ddp")),
         "--bandwidth": (args.bandwidth, ("ddp",)),
         "--model": (args.model, ("ddp",)),
+        "--steps": (args.steps, ("ddp",)),
+        "--batch": (args.batch, ("ddp",)),
+        "--network": (args.network, ("prune-memory",)),
         "--width": (args.width, ("prune-memory",)),
         "--depth": (args.depth, ("prune-memory",)),
     }
