@@ -275,12 +275,23 @@ SETTINGS = {
 }
 
 
-def mismatched_state(rank, world, port, queue, how="model"):
-    """Rank 1 resumes the hook from another model's state (or, ``how="find_unused"``,
-    holds unused parameters out where rank 0 does not; ``how="error_feedback"``, both
-    hold out but rank 1 keeps no residual, so runs no hold-out collective): an error
-    on both ranks."""
+MISMATCHES = ["model", "find_unused", "error_feedback", "resumed", *SETTINGS]
+
+
+def mismatched_states(rank, world, port, queue):
+    """Each case of ``MISMATCHES`` in turn, on one world (the header exchange that
+    fails completes on every rank first, so the group serves the next case): rank 1
+    resumes the hook from another model's state (or, ``"find_unused"``, holds unused
+    parameters out where rank 0 does not; ``"error_feedback"``, both hold out but rank
+    1 keeps no residual, so runs no hold-out collective; or one setting of
+    ``SETTINGS`` differs). One ``(rank, [(case, message, seconds)])`` per rank."""
     init(rank, world, port, timeout_s=20)
+    results = [(how, *_mismatched(rank, how)) for how in MISMATCHES]
+    queue.put((rank, results))
+    dist.destroy_process_group()
+
+
+def _mismatched(rank, how):
     ddp = DDP(small_model())
     unused = (how == "find_unused" and rank == 1) or how == "error_feedback"
     feedback = not (how == "error_feedback" and rank == 1)
@@ -301,10 +312,9 @@ def mismatched_state(rank, world, port, queue, how="model"):
     start = time.monotonic()
     try:
         _train_steps(ddp, torch.optim.SGD(ddp.parameters(), lr=0.1), rank, range(2))
-        queue.put((rank, "no error", 0.0))
+        return "no error", 0.0
     except Exception as exc:  # noqa: BLE001 - the message is what is checked
-        queue.put((rank, f"{type(exc).__name__}: {exc}"[:400], time.monotonic() - start))
-    dist.destroy_process_group()
+        return f"{type(exc).__name__}: {exc}"[:400], time.monotonic() - start
 
 
 def raises(rank, world, port, queue):
