@@ -18,25 +18,34 @@ PNG = b"\x89PNG\r\n\x1a\n"
 DDP_QUICK = importlib.import_module("gradsift.lab.studies.ddp")._QUICK
 
 
+def _measured(name, rows):
+    """A stand-in for bench ``name`` that returns ``rows``, measured with the quick
+    arguments, which it checks it is given."""
+
+    def bench(**kwargs):
+        assert kwargs == _QUICK[name]
+        return copy.deepcopy(rows)
+
+    return bench
+
+
 @pytest.mark.parametrize(
     "study", ["collapse", "accuracy", "topk", "speed", "ddp", "agreement", "mnist"]
 )
 def test_quick_study(study, tmp_path, capsys, monkeypatch, request):
     if study == "speed":
-        # the iteration bench's rows come from its own test's one run; the ddp bench's
-        # two-rank rows are measured for real by the ddp study below (17 s saved here)
-        rows = request.getfixturevalue("quick_iteration_rows")
+        # rows measured by the benches' own tests, once (iteration, prune-memory: fresh
+        # processes; sharded: two ranks; 25 s saved here); the ddp bench's two-rank
+        # rows are measured for real by the ddp study below
+        for name in ("iteration", "prune-memory", "sharded"):
+            measured = request.getfixturevalue(f"quick_{name.replace('-', '_')}_rows")
+            monkeypatch.setitem(BENCHES, name, (_measured(name, measured), BENCHES[name][1]))
         ddp_rows = [{"hook": h, "step_ms": 1.0} for h in _QUICK["ddp"]["variants"]]
-
-        def iteration(**kwargs):
-            assert kwargs == _QUICK["iteration"]
-            return copy.deepcopy(rows)
 
         def ddp(**kwargs):
             assert kwargs == _QUICK["ddp"]
             return [*ddp_rows, {"hook": "one process, no communication", "step_ms": 1.0}]
 
-        monkeypatch.setitem(BENCHES, "iteration", (iteration, BENCHES["iteration"][1]))
         monkeypatch.setitem(BENCHES, "ddp", (ddp, BENCHES["ddp"][1]))
     # mnist: its eleven training runs two at a time (a study's --jobs path; 5 s less here)
     jobs = ["--jobs", "2"] if study == "mnist" else []

@@ -9,8 +9,8 @@ from gradsift.lab.bench.prune_memory import ANCHOR, COLUMNS, TRAIN_STEP, bench_p
 from gradsift.lab.cli import main
 
 
-def test_prune_memory_rows():
-    rows = bench_prune_memory(1, cases=(ANCHOR, "magnitude", "synflow"), width=256, depth=2)
+def test_prune_memory_rows(quick_prune_memory_rows):
+    rows = quick_prune_memory_rows  # cases=(ANCHOR, "magnitude", "synflow"), width=256, depth=2
     assert [r["case"] for r in rows] == [ANCHOR, "magnitude", "synflow"]
     assert rows[2]["iterations"] == 10
     for r in rows:
@@ -34,9 +34,7 @@ def test_prune_memory_command(capsys, monkeypatch):
 
     monkeypatch.setitem(bench.BENCHES, "prune-memory", (run, COLUMNS))
     assert main(["bench", "prune-memory", "--repeats", "1", "--width", "128"]) == 0
-    assert calls == [
-        {"repeats": 1, "device": "cpu", "network": "mlp", "width": 128, "depth": None}
-    ]
+    assert calls == [{"repeats": 1, "device": "cpu", "width": 128}]
     out = capsys.readouterr().out
     assert "magnitude" in out and "time/anchor" in out and "1.25" in out
 

@@ -6,8 +6,8 @@ from gradsift.lab.cli import main
 from gradsift.select.sharded import BINS, selection_bytes
 
 
-def test_counts_stay_within_the_cost_model():
-    rows = bench_sharded_bytes(sizes=(100_000,), densities=(0.001, 0.1), world=2)
+def test_counts_stay_within_the_cost_model(quick_sharded_rows):
+    rows = quick_sharded_rows  # sizes=(100_000,), densities=(0.001, 0.1), world=2
     assert [(r["n"], r["k"]) for r in rows] == [(100_000, 100), (100_000, 10_000)]
     bound = selection_bytes(2)["allreduce"]
     for r in rows:
@@ -17,6 +17,14 @@ def test_counts_stay_within_the_cost_model():
     assert BENCHES["sharded"] == (bench_sharded_bytes, COLUMNS)
 
 
-def test_command_prints_the_table(capsys):
+def test_command_prints_the_table(quick_sharded_rows, capsys, monkeypatch):
+    calls = []
+
+    def run(**options):
+        calls.append(options)
+        return quick_sharded_rows
+
+    monkeypatch.setitem(BENCHES, "sharded", (run, COLUMNS))
     assert main(["bench", "sharded", "--sizes", "50000"]) == 0
+    assert calls == [{"sizes": [50_000]}]
     assert "all-reduce B/rank" in capsys.readouterr().out

@@ -28,7 +28,7 @@ _QUICK = {
         "iterations": 2,
     },
     "iteration": {"repeats": 1, "warmup": 1},
-    "prune-memory": {"cases": (ANCHOR, "magnitude"), "width": 128, "depth": 2},
+    "prune-memory": {"cases": (ANCHOR, "magnitude", "synflow"), "width": 256, "depth": 2},
     "sharded": {"sizes": (100_000,)},
 }
 
