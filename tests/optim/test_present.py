@@ -79,3 +79,75 @@ def test_gradients_written_in_place_by_hand_are_all_present():
         b.grad.zero_()  # a zero gradient, set in place
         opt.step()
     torch.testing.assert_close(b.detach(), torch.full((8,), 0.95**3), rtol=0, atol=1e-7)
+
+
+def _laid_out_again(how, opt, params):
+    """Make ``opt`` lay its buffers out again before its next step: ``params[3]``,
+    frozen so far, is unfrozen; or joins in a new group; or the model changes dtype."""
+    if how == "unfrozen":
+        params[3].requires_grad_(True)
+    elif how == "new group":
+        opt.add_param_group({"params": [params[3]]})
+    else:  # model.to(...): every parameter and gradient converted (Adam's moments too)
+        for p in params:
+            p.data = p.data.double()
+            if p.grad is not None:
+                p.grad = p.grad.double()
+            for name in ("exp_avg", "exp_avg_sq"):
+                if name in opt.optimizer.state.get(p, {}):
+                    opt.optimizer.state[p][name] = opt.optimizer.state[p][name].double()
+
+
+@pytest.mark.parametrize("how", ["unfrozen", "new group", "converted"])
+@pytest.mark.parametrize("clip", [False, True])
+def test_views_backward_did_not_reach_stay_absent_when_the_buffers_are_laid_out_again(
+    how, clip
+):
+    # "used" every step, "once" on step 0 only, "hand" by assignment on step 2, and
+    # "late" (frozen or outside the optimizer until step 2, frozen throughout when
+    # converted) from step 2 on; the buffers are laid out again between zero_grad and
+    # backward of step 2
+    torch.manual_seed(0)
+    used, once, hand, late = (nn.Parameter(torch.randn(12)) for _ in range(4))
+    params = [used, once, hand, late]
+    late.requires_grad_(how != "unfrozen")
+    groups = [used, once, hand] + ([late] if how == "unfrozen" else [])
+    opt = TopK(torch.optim.Adam(groups, lr=0.1), density=0.25)
+    for step in range(4):
+        opt.zero_grad()
+        if step == 2:
+            _laid_out_again(how, opt, params)
+        dtype = used.dtype
+        loss = (used * gradient(step, 12, dtype)).sum()
+        if step == 0:
+            loss = loss + (once * gradient(10 + step, 12, dtype)).sum()
+        if step >= 2:
+            loss = loss + (late * gradient(20 + step, 12, dtype)).sum()
+        loss.backward()
+        if step == 2:
+            hand.grad = gradient(30, 12, dtype)
+        if clip:
+            torch.nn.utils.clip_grad_norm_(params, 1e9)
+        opt.step()
+        counts = [adam_steps(opt, p) for p in params]
+        joined = 0 if how == "converted" else max(0, step - 1)  # frozen throughout
+        assert counts == [step + 1, 1, int(step >= 2), joined], f"step {step}"
+
+
+def test_an_unreached_parameter_keeps_its_residual_when_the_buffers_are_laid_out_again():
+    # plain SGD with error feedback: "once" leaves a residual on step 0; a parameter
+    # unfrozen on step 1 lays the buffers out again; "once" has no gradient then, so
+    # its residual must not be selected and applied (the parameter would move)
+    once, late = nn.Parameter(torch.zeros(4)), nn.Parameter(torch.zeros(4))
+    late.requires_grad_(False)
+    opt = TopK(torch.optim.SGD([once, late], lr=1.0), k=1)
+    once.grad = torch.tensor([1.0, 10.0, 20.0, 30.0])
+    opt.step()  # applies 30 at index 3; 1, 10, 20 stay behind
+    before = once.detach().clone()
+    opt.zero_grad()
+    late.requires_grad_(True)
+    (late * torch.tensor([0.5, 0.0, 0.0, 0.0])).sum().backward()
+    opt.step()
+    assert torch.equal(once.detach(), before)
+    assert opt.state[once]["residual"].tolist() == [1.0, 10.0, 20.0, 0.0]
+    assert late.tolist() == [-0.5, 0.0, 0.0, 0.0]

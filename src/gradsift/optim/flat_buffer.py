@@ -257,13 +257,17 @@ class FlatBucket:
                 self.zero_version = flat._version
 
 
-def build_buckets(params: list[torch.Tensor], *, state: tuple[str, ...] = ()) -> list[FlatBucket]:
+def build_buckets(
+    params: list[torch.Tensor], *, state: tuple[str, ...] = (), with_grad: set[int] | None = None
+) -> list[FlatBucket]:
     """Group ``params`` by (device, dtype) into flat buckets with zeroed ``state``.
 
     Every existing ``p.grad`` becomes a view of its bucket's buffer (values kept); a
     missing one stays None, as in a fresh torch optimizer (``get_optimizer_state_dict``
     of ``torch.distributed.checkpoint`` initialises the state only then). The first
     step copies backward's gradients in; from then on backward fills the buffer.
+    ``with_grad``: the ids of the parameters that have a gradient (None: every
+    existing one); the others' views count as not written.
     """
     groups: dict[tuple, list[torch.Tensor]] = {}
     for p in params:
@@ -288,6 +292,7 @@ def build_buckets(params: list[torch.Tensor], *, state: tuple[str, ...] = ()) ->
         bucket.mark_zeroed()
         # gradients, as assigned ones are (also when the buffers are laid out again
         # between assignment and step: a model.to(...) must not lose them)
-        bucket.assigned.update(i for i, p in enumerate(ps) if p.grad is not None)
+        has = [p.grad is not None and (with_grad is None or id(p) in with_grad) for p in ps]
+        bucket.assigned.update(i for i, h in enumerate(has) if h)
         buckets.append(bucket)
     return buckets

@@ -27,10 +27,15 @@ class GradSet:
     """Flat buckets (one per device and dtype) of ``params`` with ``state_names``
     buffers (residual, momentum), their workspaces and a ``GradTracker``."""
 
-    def __init__(self, params: list[torch.Tensor], state_names: tuple[str, ...], touched=()):
+    def __init__(self, params, state_names: tuple[str, ...], touched=(), with_grad=None):
+        """``touched``: what backward reached already; ``with_grad``: the ids of the
+        parameters that have a gradient (``GradSet.with_grad`` of the set this one
+        replaces; None: every ``grad`` that is not None)."""
         self.params = params
         self.state_names = state_names
-        self.buckets: list[FlatBucket] = build_buckets(params, state=state_names)
+        self.buckets: list[FlatBucket] = build_buckets(
+            params, state=state_names, with_grad=with_grad
+        )
         self.ids = {id(p) for p in params}
         self.workspaces = [Workspace() for _ in self.buckets]
         self.tracker = GradTracker(params)
@@ -66,21 +71,46 @@ class GradSet:
         check_finite_grads(present + others, flats, name_of)
         return present + others, not others
 
-    def attach(self) -> list[torch.Tensor]:
-        """Attach this step's gradients to the buffers and record which parameters
-        have one (``flags``; ``absent``: zero views backward did not reach); return
-        those parameters."""
-        present, self.absent, self.flags = [], [], []
+    def _found(self) -> list[list[bool]]:
+        """Per bucket, which parameters have a gradient now (``FlatBucket.present``).
+
+        Untouched views written in place are gradients set in place by hand when no
+        gradient of the set came from backward or by assignment; otherwise (an
+        in-place pass over every gradient wrote them) present only where non-zero.
+        """
         found = [b.present(self.tracker.touched) for b in self.buckets]
-        # untouched views written in place: gradients set in place by hand when no
-        # gradient of the set came from backward or by assignment; otherwise (an
-        # in-place pass over every gradient wrote them) present only where non-zero
         by_hand = not any(f is True for flags in found for f in flags)
         for b, flags in zip(self.buckets, found):
             unsure = [i for i, f in enumerate(flags) if f is None]
             if unsure:
                 for i, f in zip(unsure, [True] * len(unsure) if by_hand else b.nonzero(unsure)):
                     flags[i] = f
+        return found
+
+    def with_grad(self) -> set[int]:
+        """The ids of the parameters that have a gradient now, decided as ``attach``
+        decides, without attaching: for the set that replaces this one (buffers laid
+        out again between backward and step), which must not count the zero views
+        backward did not reach. In a bucket whose parameters got new data
+        (``model.to(...)``), the gradients were converted, views included: there an
+        untouched one that is neither assigned since zeroed is present where non-zero.
+        """
+        out = set()
+        for b, flags in zip(self.buckets, self._found()):
+            stale = not b.matches()
+            for i, (p, f) in enumerate(zip(b.params, flags)):
+                if f and stale and id(p) not in self.tracker.touched and i not in b.assigned:
+                    f = bool(p.grad.to_dense().any())
+                if f:
+                    out.add(id(p))
+        return out
+
+    def attach(self) -> list[torch.Tensor]:
+        """Attach this step's gradients to the buffers and record which parameters
+        have one (``flags``; ``absent``: zero views backward did not reach); return
+        those parameters."""
+        present, self.absent, self.flags = [], [], []
+        for b, flags in zip(self.buckets, self._found()):
             b.attach_grads_()
             self.flags.append(flags)
             present += [p for p, f in zip(b.params, flags) if f]

@@ -46,12 +46,12 @@ from gradsift.select.sharded import sharded_topk_mask
 __all__ = ["ShardedGrads", "grad_set"]
 
 
-def grad_set(params, state_names: tuple[str, ...], touched, state: dict):
+def grad_set(params, state_names: tuple[str, ...], touched, state: dict, with_grad=None):
     """The gradients ``TopK`` manages: ``ShardedGrads`` for ``DTensor`` parameters
-    (decided here only), else the flat buckets of ``GradSet``."""
+    (decided here only), else the flat buckets of ``GradSet`` (see its arguments)."""
     if is_sharded(params):
         return ShardedGrads(params, state_names, state)
-    return GradSet(params, state_names, touched)
+    return GradSet(params, state_names, touched, with_grad)
 
 
 class ShardedGrads:
@@ -83,6 +83,10 @@ class ShardedGrads:
         )
 
     def close(self) -> set[int]:
+        return self.with_grad()
+
+    def with_grad(self) -> set[int]:
+        """A sharded parameter without a gradient has ``grad`` None."""
         return {id(p) for p in self.params if p.grad is not None}
 
     def outside(self, params) -> list[torch.Tensor]:

@@ -144,16 +144,18 @@ class TopK(HasBudget, OptimizerWrapper):
         (converted when ``model.to(...)`` changed a parameter's dtype or device)."""
         old = {p: {n: t.clone() for n, t in st.items()} for p, st in self._own_state.items()}
         trainable = [p for p in self._params() if p.requires_grad]
-        touched = {id(p) for p in trainable if p.grad is not None}
+        with_grad = touched = {id(p) for p in trainable if p.grad is not None}
         if getattr(self, "_grads", None) is not None:
-            # what backward reached, and the gradients of parameters new to the set
+            # what backward reached and which gradients exist (not the zero views it
+            # did not reach), and the gradients of parameters new to the set
             # (add_param_group between backward and step): no hook saw those
-            known = self._grads.ids
-            touched = self._grads.close() | {i for i in touched if i not in known}
+            new = {i for i in touched if i not in self._grads.ids}
+            with_grad = self._grads.with_grad() | new
+            touched = self._grads.close() | new
         # k beyond what one selection sees: an error, not a dense step; complex refused
         self.budget.check_params(trainable, self.scope, self._name)
         # FSDP2 (DTensor parameters): no flat buckets, the gradients stay FSDP's
-        self._grads = grad_set(trainable, self._state_names(), touched, self._own_state)
+        self._grads = grad_set(trainable, self._state_names(), touched, self._own_state, with_grad)
         self._contiguous = all(p.is_contiguous() for p in trainable)
         self._frozen = [p for p in self._params() if not p.requires_grad]  # see _refresh
         for b in self._grads.buckets:
