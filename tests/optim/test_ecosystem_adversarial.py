@@ -1176,3 +1176,21 @@ def test_dcp_template_of_a_fresh_topk_holds_the_inner_state():
     assert ours["state"].keys() == bare["state"].keys()
     for fqn, st in bare["state"].items():
         assert set(st) <= set(ours["state"][fqn]), (fqn, sorted(ours["state"][fqn]))
+
+
+@pytest.mark.parametrize("saved_shape", [(1,), (2,)])  # broadcasts to (4,), or not
+def test_a_residual_of_another_shape_loads_nothing_and_names_its_entry(saved_shape):
+    """A state of another model whose residual has another shape is refused before
+    anything loads (``copy_`` would broadcast a (1,) residual into all four
+    coordinates: four times its mass), as torch's momentum fails at the first step."""
+    w, s = nn.Parameter(torch.ones(3, 4)), nn.Parameter(torch.ones(saved_shape))
+    opt = TopK(torch.optim.SGD([w, s], lr=0.1, momentum=0.9), k=2, backend="torch")
+    w.grad, s.grad = torch.full((3, 4), 0.5), torch.full(saved_shape, 0.01)
+    opt.step()
+    sd = opt.state_dict()
+    w2, s2 = nn.Parameter(torch.ones(3, 4)), nn.Parameter(torch.ones(4))
+    other = TopK(torch.optim.SGD([w2, s2], lr=0.1, momentum=0.9), k=2, backend="torch")
+    with pytest.raises(ValueError, match=r"\['state'\]\[1\]\['residual'\] has shape"):
+        other.load_state_dict(sd)
+    assert other.optimizer.state_dict()["state"] == {}  # the inner optimizer loaded nothing
+    assert not any(t.any() for t in other.state[s2].values())

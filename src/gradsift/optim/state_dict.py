@@ -74,10 +74,17 @@ def load_own_state(optimizer: Optimizer, own_state: dict, sd: dict, names) -> No
     own = {i: {n: st.pop(n) for n in OWN_STATE if n in st} for i, st in state.items()}
     inner = {key: v for key, v in sd.items() if key != "topk"}  # "topk": older checkpoints
     inner["state"] = {i: st for i, st in state.items() if st}
-    optimizer.load_state_dict(inner)
     saved_keys = [i for group in sd["param_groups"] for i in group["params"]]
     param_of = dict(zip(saved_keys, _in_order(optimizer)))
     loaded = {param_of[i]: saved for i, saved in own.items() if i in param_of}
+    for i, saved in own.items():  # before anything loads: a mismatch loads nothing
+        for name, value in saved.items():
+            if i in param_of and value.shape != param_of[i].shape:
+                raise ValueError(
+                    f"state_dict['state'][{i!r}][{name!r}] has shape {tuple(value.shape)}, "
+                    f"its parameter {tuple(param_of[i].shape)}: a state of another model"
+                )
+    optimizer.load_state_dict(inner)
     for p in {**dict.fromkeys(own_state), **dict.fromkeys(loaded)}:
         st = own_state[p]
         for name in names:
