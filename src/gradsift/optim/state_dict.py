@@ -77,9 +77,11 @@ def load_own_state(optimizer: Optimizer, own_state: dict, sd: dict, names) -> No
     saved_keys = [i for group in sd["param_groups"] for i in group["params"]]
     param_of = dict(zip(saved_keys, _in_order(optimizer)))
     loaded = {param_of[i]: saved for i, saved in own.items() if i in param_of}
-    for i, saved in own.items():  # before anything loads: a mismatch loads nothing
+    sizes = [len(group["params"]) for group in optimizer.param_groups]
+    same_groups = [len(group["params"]) for group in sd["param_groups"]] == sizes
+    for i, saved in own.items():  # before anything loads (torch checks the groups)
         for name, value in saved.items():
-            if i in param_of and value.shape != param_of[i].shape:
+            if same_groups and i in param_of and value.shape != param_of[i].shape:
                 raise ValueError(
                     f"state_dict['state'][{i!r}][{name!r}] has shape {tuple(value.shape)}, "
                     f"its parameter {tuple(param_of[i].shape)}: a state of another model"
