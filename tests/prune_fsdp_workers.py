@@ -155,9 +155,11 @@ def refusals(rank, world):
     return out, same_state(before, state(model))
 
 
-def train_keeps_masks(rank, world, hold):
+def train_keeps_masks(rank, world, hold, closure=None):
     """Prune an FSDP2 model, train 4 TopK steps: with ``hold_masks`` the pruned
-    weights stay zero; the kept weights move."""
+    weights stay zero and TopK's residual holds nothing on them; the kept weights
+    move. ``closure``: the gradients are made inside ``opt.step`` by a closure passed
+    by position (``"position"``) or by keyword (``"keyword"``)."""
     model = shard(bn_model(), world)
     masks = gradsift.prune_at_init(model, "magnitude", 0.5)
     opt = gradsift.TopK(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), density=0.1)
@@ -166,15 +168,98 @@ def train_keeps_masks(rank, world, hold):
     start = {n: full(p.detach()).clone() for n, p in model.named_parameters()}
     for step in range(4):
         x, y = batch(rank, step)
-        F.cross_entropy(model(x), y).backward()
-        opt.step()
+
+        def loss(x=x, y=y):
+            out = F.cross_entropy(model(x), y)
+            out.backward()
+            return out
+
+        if closure == "position":
+            opt.step(loss)
+        elif closure == "keyword":
+            opt.step(closure=loss)
+        else:
+            loss()
+            opt.step()
         opt.zero_grad()
     params = dict(model.named_parameters())
     revived = sum(
         int(torch.count_nonzero(full(params[n].detach())[full(m) == 0])) for n, m in masks.items()
     )
+    residual = sum(
+        int(torch.count_nonzero(full(opt.state[params[n]]["residual"])[full(m) == 0]))
+        for n, m in masks.items()
+    )
     moved = sum(int(torch.count_nonzero(full(params[n].detach()) != start[n])) for n in masks)
-    return revived, moved
+    return revived, residual, moved
+
+
+def nan_score_on_one_rank(rank, world):
+    """A NaN weight in the last rank's rows of a layer: magnitude pruning raises the
+    same ``ValueError`` on every rank (the others once waited in a collective)."""
+    model = bn_model()
+    with torch.no_grad():
+        model[3].weight[-1, 0] = float("nan")
+    model = shard(model, world)
+    try:
+        gradsift.prune_at_init(model, "magnitude", SPARSITY)
+        return "no error"
+    except ValueError as e:
+        return str(e)
+
+
+class _WithUnused(nn.Module):
+    """A Linear that ``forward`` never uses."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.unused, self.b = nn.Linear(20, 8), nn.Linear(8, 8), nn.Linear(8, 5)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+def unreached_weights(rank, world):
+    """SNIP scores a weight the loss does not reach 0, as single-process; SynFlow
+    says it cannot score it, as single-process (both once crashed on its None grad)."""
+    ref = _WithUnused().double()
+    model = copy.deepcopy(ref)
+    mesh = init_device_mesh("cpu", (world,))
+    for m in (model.a, model.unused, model.b, model):
+        fully_shard(m, mesh=mesh)
+    x, y = batch(0, 0)
+    data = [(x.double(), y)]
+    snip = gradsift.score(model, "snip", data)
+    want = gradsift.score(ref, "snip", data)
+    same = [torch.equal(full(snip[n]), want[n]) for n in want]
+    try:
+        gradsift.score(model, "synflow", input_shape=(20,))
+        message = "no error"
+    except ValueError as e:
+        message = str(e)
+    return same, bool(want["unused.weight"].eq(0).all()), message
+
+
+def synflow_overflow(rank, world):
+    """float32 SynFlow whose activations overflow to inf: the masks equal
+    single-process SynFlow with ``dtype=torch.float32`` (the other ranks' zero share
+    once multiplied inf activations into NaN)."""
+    def make():
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 2))
+        with torch.no_grad():
+            m[0].weight.fill_(1e20)
+            m[1].weight.fill_(1e20)
+        return m
+
+    want = gradsift.prune_at_init(make(), "synflow", 0.5, input_shape=(4,), dtype=torch.float32)
+    model = make()
+    mesh = init_device_mesh("cpu", (world,))
+    for m in (*model, model):
+        fully_shard(m, mesh=mesh)
+    got = gradsift.prune_at_init(model, "synflow", 0.5, input_shape=(4,))
+    return [torch.equal(full(got[n]).bool(), want[n]) for n in want]
 
 
 def after_a_forward(rank, world):

@@ -72,14 +72,35 @@ def test_methods_and_options_without_a_sharded_form_refuse_before_any_work():
         assert untouched
 
 
-@pytest.mark.parametrize("hold", [True, False])
-def test_hold_masks_keeps_pruned_weights_zero_under_topk(hold):
-    for revived, moved in rank_results(run_world(prune_workers.train_keeps_masks, 2, hold), 2):
+@pytest.mark.parametrize(
+    "hold, closure", [(True, None), (False, None), (True, "position"), (True, "keyword")]
+)
+def test_hold_masks_keeps_pruned_weights_zero_under_topk(hold, closure):
+    for revived, residual, moved in rank_results(
+        run_world(prune_workers.train_keeps_masks, 2, hold, closure), 2
+    ):
         assert moved > 0
         if hold:
             assert revived == 0, f"{revived} pruned weights came back"
-        else:  # the check above can fail: without the hold, TopK revives some
-            assert revived > 0
+            assert residual == 0, f"TopK kept a residual on {residual} pruned weights"
+        else:  # the checks above can fail: without the hold, TopK revives some
+            assert revived > 0 and residual > 0
+
+
+def test_a_nan_score_on_one_rank_raises_on_every_rank():
+    for message in rank_results(run_world(prune_workers.nan_score_on_one_rank, 2), 2):
+        assert message == "scores['3.weight'] contains NaN; cannot rank it", message
+
+
+def test_weights_the_output_does_not_reach_score_as_single_process():
+    for same, zero, message in rank_results(run_world(prune_workers.unreached_weights, 2), 2):
+        assert same and all(same) and zero, same
+        assert "synflow: ['unused.weight'] do not reach the output" in message, message
+
+
+def test_sharded_synflow_ranks_overflowing_flow_as_single_process():
+    for same in rank_results(run_world(prune_workers.synflow_overflow, 3), 3):
+        assert same and all(same), same
 
 
 class _PositionEmbedded(torch.nn.Module):

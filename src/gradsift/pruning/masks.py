@@ -194,13 +194,18 @@ def _live_floor(dtype: torch.dtype) -> float:
     return float(np.nextafter(np_dtype(torch.finfo(dtype).min), np_dtype(0)))
 
 
-def fill_keys_(part: torch.Tensor, score: torch.Tensor, previous, name: str = "scores") -> int:
+def fill_keys_(
+    part: torch.Tensor, score: torch.Tensor, previous, name: str = "scores", *, nan_error=True
+) -> int | None:
     """Write ``score``'s keys into ``part``; return how many weights are alive.
-    Raises ``ValueError`` naming ``name`` on a NaN score."""
+    Raises ``ValueError`` naming ``name`` on a NaN score; with ``nan_error=False``
+    returns None instead (a sharded caller raises on every rank)."""
     if part.data_ptr() != score.data_ptr():  # scores ranked in place need no copy
         part.copy_(score.detach().reshape(-1))
     low = part.amin() if part.numel() else None  # one read: NaN and the floor at once
     if low is not None and bool(torch.isnan(low)):
+        if not nan_error:
+            return None
         raise ValueError(f"{name} contains NaN; cannot rank it")
     if low is not None and bool(low < _live_floor(part.dtype)):
         part.clamp_(min=_live_floor(part.dtype))

@@ -17,8 +17,9 @@ selection group's first rank, which then broadcasts its mask (a byte per entry).
 on a sharded model the masks are multiplied into the local shards instead
 (``apply_sharded_masks_``, under ``torch.no_grad()``). Nothing then stops training
 from reviving pruned weights: ``hold_masks(optimizer, model, masks)`` registers an
-optimizer step pre-hook that zeroes their gradients (so ``gradsift.TopK`` never
-spends its budget nor its residual on them) and a post-hook that multiplies the
+optimizer step pre-hook that zeroes their gradients, also those a closure makes
+inside the step (so ``gradsift.TopK`` never spends its budget nor its residual on
+them), and a post-hook that multiplies the
 masks into the weights again (momentum, weight decay); its handle's ``remove()``
 stops it.
 
@@ -73,15 +74,21 @@ def sharded_masks_from_scores(scores: dict, sparsity: float, *, previous=None) -
     sizes = [n if c else 0 for (_, n, _), c in zip(layout, counted)]
     device = local(scores[names[0]]).device
     flat = torch.empty(sum(sizes), dtype=key_dtype(scores), device=device)
-    alive, at = 0, 0
-    for name, size in zip(names, sizes):
+    # [weights alive, then per score: whether it holds a NaN], summed over the ranks
+    counts, at = [0] * (1 + len(names)), 0
+    for j, (name, size) in enumerate(zip(names, sizes)):
         if size:
             old = None if previous is None else local(previous[name])
-            alive += fill_keys_(flat[at : at + size], local(scores[name]), old)
+            alive = fill_keys_(flat[at : at + size], local(scores[name]), old, nan_error=False)
+            counts[0] += alive or 0
+            counts[1 + j] = int(alive is None)
             at += size
-    alive_all = torch.tensor([alive], dtype=torch.int64, device=device)
-    dist.all_reduce(alive_all, group=group)
-    keep = min(int(alive_all), kept_count(sum(scores[n].numel() for n in names), sparsity))
+    counts = torch.tensor(counts, dtype=torch.int64, device=device)
+    dist.all_reduce(counts, group=group)
+    nan = torch.nonzero(counts[1:]).flatten().tolist()
+    if nan:  # on every rank, as the selection raises for its own input
+        raise ValueError(f"scores[{names[nan[0]]!r}] contains NaN; cannot rank it")
+    keep = min(int(counts[0]), kept_count(sum(scores[n].numel() for n in names), sparsity))
     segments = [(start, n) for (start, n, _), size in zip(layout, sizes) if size]
     if keep == 0:
         mask = torch.zeros(flat.numel(), dtype=torch.bool, device=device)
@@ -151,10 +158,26 @@ def hold_masks(optimizer, model, masks: dict) -> MaskHold:
         pairs.append((p, local(masks[name]).to(local(p))))
 
     @torch.no_grad()
-    def zero_pruned_grads(opt, args, kwargs):
+    def zero_grads():
         for p, mask in pairs:
             if p.grad is not None:
                 local(p.grad).mul_(mask)
+
+    def zero_pruned_grads(opt, args, kwargs):
+        zero_grads()
+        # args: (optimizer, closure) where the closure is passed by position
+        closure = kwargs["closure"] if "closure" in kwargs else (args[1:] or [None])[0]
+        if closure is None:
+            return None
+
+        def masked():  # the gradients a closure makes inside the step: zeroed too
+            loss = closure()
+            zero_grads()
+            return loss
+
+        if "closure" in kwargs:
+            return args, {**kwargs, "closure": masked}
+        return (args[0], masked, *args[2:]), kwargs
 
     @torch.no_grad()
     def zero_pruned_weights(opt, args, kwargs):

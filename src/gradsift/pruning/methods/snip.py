@@ -113,7 +113,10 @@ def snip_sharded(
         out = {}
         for name, (m, a) in targets.items():
             p = original(m, a)
-            out[name] = like(local(p.grad).div(total).mul_(local(p)).abs_(), p)
+            if p.grad is None:  # the loss does not reach it: a zero gradient, as unsharded
+                out[name] = like(torch.zeros_like(local(p)), p)
+            else:
+                out[name] = like(local(p.grad).div(total).mul_(local(p)).abs_(), p)
         return out
 
 

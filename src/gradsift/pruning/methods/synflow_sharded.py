@@ -67,8 +67,11 @@ def synflow_sharded(
     added = _flow_only_(model, 1, here)
     for m, a in targets.values():
         original(m, a).requires_grad_(True)
-    ones = torch.ones((1, *shape), dtype=p0.dtype, device=here.device)
     mine = share()
+    # the other ranks run the forward and backward for FSDP's collectives alone: on
+    # zeros every activation of the linearised network is 0, so their zero share
+    # stays 0 where rank 0's activations overflow (0 * inf would be NaN)
+    ones = torch.full((1, *shape), mine, dtype=p0.dtype, device=here.device)
     guards = refuse_token_ids(model, "synflow")  # on the caller's model: removed after
     try:
         with rank0_gradients(model):
@@ -80,6 +83,12 @@ def synflow_sharded(
         for module in added:
             drop_statistics_(module)
     with torch.no_grad():
+        missed = [name for name, (m, a) in targets.items() if original(m, a).grad is None]
+        if missed:  # on every rank: FSDP leaves the same gradients None on each
+            raise ValueError(
+                f"synflow: {missed} do not reach the output (no gradient flows to them), so "
+                "they have no synaptic flow to score; leave them out with params="
+            )
         scores = {}
         for name, (m, a) in targets.items():
             phi = original(m, a)
