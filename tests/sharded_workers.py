@@ -120,3 +120,20 @@ def _to_global(i, segs):
             return g + i
         i -= n
     raise IndexError(i)
+
+
+def mixed_offset_and_segments(rank, world):
+    """Rank 0 passes ``offset``, the others ``segments`` (each valid alone), ties at the
+    cut: the union is the lowest-index ties (the length all-gather of varied segments
+    once ran on the segment ranks alone, a collective mismatch that aborted them)."""
+    x = torch.ones(2)
+    results = []
+    for k in (1, 2 * world - 1):
+        if rank == 0:
+            local = sharded_topk_indices(x, k, offset=0)
+        else:
+            local = sharded_topk_indices(x, k, segments=[(2 * rank, 1), (2 * rank + 1, 1)])
+        gathered = [None] * world
+        dist.all_gather_object(gathered, [2 * rank + int(i) for i in local])
+        results.append((sorted(i for g in gathered for i in g), list(range(k))))
+    return results

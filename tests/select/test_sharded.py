@@ -37,6 +37,13 @@ def test_interleaved_segments_keep_lowest_global_ties():
             assert union == ref
 
 
+@pytest.mark.parametrize("world", [2, 3])
+def test_offset_on_one_rank_and_segments_on_another_agree(world):
+    for per_rank in rank_results(run_world(workers.mixed_offset_and_segments, world), world):
+        for union, ref in per_rank:
+            assert union == ref
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
 @pytest.mark.parametrize("absolute", [True, False])
 def test_order_keys_order_like_the_floats(dtype, absolute):

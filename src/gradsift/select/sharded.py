@@ -34,7 +34,7 @@ instead of across thread blocks:
 Communication per call: at most ``passes`` all-reduces of ``256`` int64 (the first
 also carries the NaN count, a count of ranks whose arguments were invalid, and checks
 that every rank passed the same ``k``, key width and order) plus one all-gather of
-``2 * segments`` int64 per rank (two all-gathers when ``segments`` vary), independent
+``2 * segments`` int64 per rank (two all-gathers when a rank passes ``segments``), independent
 of the vector's length. A NaN on any rank, or an invalid argument on one, raises a
 ``ValueError`` on every rank, after the first all-reduce,
 so no rank is left waiting in a collective.
@@ -95,19 +95,21 @@ def _check_args(x, k, absolute, offset, segments):
     return k, out, True
 
 
-def _first_pass_extras(x, k, absolute, bits, rank: int, world: int, invalid) -> list[int]:
+def _first_pass_extras(x, k, absolute, bits, varied, rank: int, world: int, invalid):
     """The NaN count, the count of ranks with invalid arguments, then each rank's
-    ``(k, bits, absolute)`` in its own slot: summed over the ranks, every rank sees
-    every rank's settings."""
+    ``(k, bits, absolute + 2 * varied)`` in its own slot: summed over the ranks, every
+    rank sees every rank's settings, and whether any passed ``segments`` (``varied``:
+    the tie all-gather's length exchange must then run on every rank)."""
     nan = int(torch.count_nonzero(torch.isnan(x))) if x.numel() else 0
     slots = [0] * (3 * world)
-    slots[3 * rank : 3 * rank + 3] = [k, bits, int(absolute)]
+    slots[3 * rank : 3 * rank + 3] = [k, bits, int(absolute) + 2 * int(varied)]
     return [nan, int(invalid is not None), *slots]
 
 
-def _agree(extras, total: int, k: int, invalid) -> None:
+def _agree(extras, total: int, k: int, invalid) -> bool:
     """Raise the same error on every rank from the summed first-pass extras; a rank
-    whose own arguments were invalid raises its own error (``invalid``)."""
+    whose own arguments were invalid raises its own error (``invalid``). Returns
+    whether any rank passed ``segments``."""
     nan, bad, slots = extras[0], extras[1], extras[2:]
     if invalid is not None:
         raise invalid
@@ -116,7 +118,8 @@ def _agree(extras, total: int, k: int, invalid) -> None:
             f"{bad} other rank(s) passed invalid arguments to the sharded selection "
             "(each raised why); this rank's were valid"
         )
-    settings = {tuple(slots[i : i + 3]) for i in range(0, len(slots), 3)}
+    varied = any(slots[i + 2] >> 1 for i in range(0, len(slots), 3))
+    settings = {(a, b, c & 1) for a, b, c in zip(slots[::3], slots[1::3], slots[2::3])}
     if len(settings) > 1:
         seen = ", ".join(
             f"(k {a}, key bits {b}, absolute {bool(c)})" for a, b, c in sorted(settings)
@@ -129,12 +132,14 @@ def _agree(extras, total: int, k: int, invalid) -> None:
         raise ValueError(f"x contains {nan} NaN entries across ranks; top-k of NaN is undefined")
     if k > total:
         raise ValueError(f"k must satisfy 1 <= k <= the global length {total}, got {k}")
+    return varied
 
 
-def _radix_select(keys, k, absolute, bits, x, group, invalid=None):
-    """Radix passes (see the module doc): ``(threshold, need, exact)`` where the
-    selection is ``keys > threshold`` plus ``need`` lowest-index ties ``== threshold``
-    when ``exact``, else ``keys >= threshold`` (an early stop, no ties to break)."""
+def _radix_select(keys, k, absolute, bits, x, group, invalid=None, varied=False):
+    """Radix passes (see the module doc): ``(threshold, need, exact, varied)`` where
+    the selection is ``keys > threshold`` plus ``need`` lowest-index ties
+    ``== threshold`` when ``exact``, else ``keys >= threshold`` (an early stop, no
+    ties to break); ``varied``: whether any rank passed ``segments``."""
     world = dist.get_world_size(group)
     cand, need, prefix = keys, k, 0
     passes = bits // DIGIT
@@ -144,12 +149,12 @@ def _radix_select(keys, k, absolute, bits, x, group, invalid=None):
         hist = torch.bincount(d.to(torch.int64), minlength=BINS)
         if p == 0:
             rank = dist.get_rank(group)
-            extras = _first_pass_extras(x, k, absolute, bits, rank, world, invalid)
+            extras = _first_pass_extras(x, k, absolute, bits, varied, rank, world, invalid)
             hist = torch.cat([hist, hist.new_tensor(extras)])
         dist.all_reduce(hist, group=group)
         counts = hist[:BINS].tolist()
         if p == 0:
-            _agree(hist[BINS:].tolist(), sum(counts), k, invalid)
+            varied = _agree(hist[BINS:].tolist(), sum(counts), k, invalid)
         above = 0
         for digit in range(BINS - 1, -1, -1):
             if above + counts[digit] >= need:
@@ -158,7 +163,7 @@ def _radix_select(keys, k, absolute, bits, x, group, invalid=None):
         need -= above
         prefix |= digit << shift
         if counts[digit] == need or p == passes - 1:
-            return _signed(prefix, bits), need, counts[digit] != need
+            return _signed(prefix, bits), need, counts[digit] != need, varied
         cand = cand[d == digit]
     raise AssertionError("unreachable")
 
@@ -237,7 +242,7 @@ def sharded_topk_mask(
     x = x.contiguous()
     keys = order_keys(x, bool(absolute))
     bits = 64 if keys.dtype == torch.int64 else 32
-    v, need, exact = _radix_select(keys, k, bool(absolute), bits, x, group, invalid)
+    v, need, exact, varied = _radix_select(keys, k, bool(absolute), bits, x, group, invalid, varied)
     if not exact:
         return keys >= v
     return (keys > v) | _tie_mask(keys, v, need, segs, varied, group, x.device)

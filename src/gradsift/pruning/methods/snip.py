@@ -90,9 +90,11 @@ def snip_sharded(
     SNIP would read. The gradient is rank 0's, reduced exactly
     (``sharded_scoring.rank0_gradients``: the other ranks run the same forward and
     backward for FSDP's collectives and contribute zeros), so the scores are
-    single-process SNIP's bit for bit with one batch or batches of equal size
-    (weights ``w_b = 1``); with unequal batch weights the loss is scaled by ``w_b``
-    before the backward instead of the gradient after it, equal up to rounding.
+    single-process SNIP's bit for bit with one batch. With several, they are equal up
+    to the rounding of the sum: single-process SNIP accumulates each batch into the
+    gradient inside the layer's backward (``gradients.AccumulatingLinear``), autograd
+    here adds whole batch gradients; and with unequal batch weights the loss is scaled
+    by ``w_b`` before the backward instead of the gradient after it.
     """
     need_data(data, "snip")
     check_choice("batch_weighting", batch_weighting, BATCH_WEIGHTINGS)
