@@ -208,6 +208,13 @@ def test_bench_passes_the_options_given(what, argv, expected, monkeypatch, capsy
         (["train", "--comm", "topk-dgc", "--nproc", "2", "--density", "0.1",
           "--no-error-feedback"], "topk-dgc is DGC's recipe, with error feedback"),
         (["train", "--no-error-feedback"], "--no-error-feedback is for top-k training"),
+        # refused before any rank starts (a rank raised it, exit 1)
+        (["train", "--fsdp", "--nproc", "2", "--method", "grasp"],
+         "--method grasp cannot score a sharded model (--fsdp)"),
+        (["train", "--fsdp", "--nproc", "2", "--method", "snip", "--allocation", "erk"],
+         "--allocation erk: --fsdp prunes with global only"),
+        (["train", "--fsdp", "--nproc", "2", "--method", "snip", "--sanity", "invert"],
+         "--sanity invert is not supported with --fsdp"),
         (["train", "--nproc", "2", "--comm", "fp16", "--no-error-feedback"], "for top-k"),
         (["train", "--out", __file__], "--out: " + __file__ + " is a file, not a folder"),
         (["train", "--checkpoint", __file__], "--checkpoint: "),

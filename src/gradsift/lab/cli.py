@@ -75,11 +75,9 @@ def _add_common(
             "--method",
             required=method_required,
             choices=list_methods(),
-            help="pruning-at-init method (default: no pruning)",
+            help="pruning-at-init method" + ("" if method_required else " (default: none)"),
         )
-        p.add_argument(
-            "--sparsity", type=_sparsity, default=None, help="fraction pruned (default: 0.9)"
-        )
+        p.add_argument("--sparsity", type=_sparsity, help="fraction pruned (default: 0.9)")
         p.add_argument(
             "--allocation",
             "--budget",
@@ -101,7 +99,8 @@ def _add_common(
         default=1,
         help="prune in this many rounds (SynFlow uses 100)",
     )
-    p.add_argument("--device", type=_device, default="cpu", help="cpu or cuda (NCCL with --nproc)")
+    ranks = " (NCCL with --nproc)" if not (method_required or sweep) else ""
+    p.add_argument("--device", type=_device, default="cpu", help="cpu or cuda" + ranks)
     p.add_argument("--out", help="output folder")
 
 

@@ -45,7 +45,17 @@ def check_folders(args: argparse.Namespace) -> None:
 
 
 def check_fsdp(args: argparse.Namespace, torchrun: bool) -> None:
-    """``--fsdp`` needs several ranks and neither a DDP communication nor a checkpoint."""
+    """``--fsdp`` needs several ranks and neither a DDP communication nor a checkpoint;
+    pruning there needs a method with a sharded form, global allocation, no sanity
+    variant (``gradsift.prune_at_init`` on a sharded model)."""
+    from gradsift.pruning import get_method
+
+    if args.method is not None and get_method(args.method).sharded is None:
+        raise ValueError(f"--method {args.method} cannot score a sharded model (--fsdp)")
+    if args.method is not None and args.allocation != "global":
+        raise ValueError(f"--allocation {args.allocation}: --fsdp prunes with global only")
+    if args.method is not None and args.sanity is not None:
+        raise ValueError(f"--sanity {args.sanity} is not supported with --fsdp")
     if args.nproc < 2 and not torchrun:
         raise ValueError("--fsdp shards over several ranks: add --nproc N (N >= 2) or torchrun")
     if args.comm is not None:

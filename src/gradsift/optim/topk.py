@@ -56,15 +56,15 @@ class TopK(HasBudget, OptimizerWrapper):
             momentum, which it replaces.
         backend: ``"auto"`` (default: the fused GPU kernels for CUDA gradients when
             triton imports, else the torch path), ``"torch"`` or ``"triton"``. The fused
-            step makes no host sync: a non-finite gradient skips it and sets
-            ``found_nonfinite``, a device bool tensor.
+            plain SGD step makes no host sync: a non-finite gradient skips it, setting
+            ``found_nonfinite`` (a device bool); other inner optimizers read it, raise.
 
     Order within a step: ``loss.backward()``, optionally ``scaler.unscale_(opt)`` and
     ``clip_grad_norm_`` (these see the raw gradient), then ``opt.step()``, which adds
     residuals, selects and calls the inner optimizer. With ``GradScaler``,
     ``scaler.step(opt)`` skips the whole step on inf/NaN, leaving residuals untouched.
     Outside GradScaler a non-finite gradient raises ``ValueError`` before anything is
-    modified.
+    modified (the fused plain SGD step skips instead: ``backend``).
 
     Speed: gradients live in one flat buffer per (device, dtype) and each ``p.grad`` is
     a view into it from the first step on, so backward accumulates straight into the

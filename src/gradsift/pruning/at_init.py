@@ -90,7 +90,9 @@ def prune_at_init(
         ``{name: mask}``: the model's installed ``*_mask`` buffers themselves
         (``torch.bool``, ``True`` keeps, on the weight's device; a mask installed before
         by ``torch.nn.utils.prune`` keeps its dtype; not copies, so clone them to keep a
-        snapshot across later pruning). A weight pruned before stays pruned.
+        snapshot across later pruning). A weight pruned before stays pruned. On a
+        sharded model (FSDP2): float 0/1 ``DTensor`` masks multiplied into the shards
+        (``gradsift.pruning.sharded``).
 
     Memory: one round holds the scores or their one flat copy, never both whole
     (``gradsift.pruning.masks.select``; the flat buffer is not kept between rounds, so

@@ -13,8 +13,9 @@ the forward, and autograd keeps only the boolean mask for the backward
 
 What ``torch.nn.utils.prune`` offers keeps working: ``prune.is_pruned``,
 ``prune.remove`` (the masked weight made permanent), pruning again with torch's own
-methods (they combine their masks into the boolean one), and state dicts (a float
-0/1 mask loads into the boolean buffer as ``mask != 0``). The only difference a
+methods (their ``PruningContainer`` combines the masks into a new float mask buffer
+in the weight's dtype, no longer the boolean one ``prune_at_init`` returned), and
+state dicts (a float 0/1 mask loads into the boolean buffer as ``mask != 0``). The only difference a
 reader sees is the buffer's dtype: ``mask.sum()`` counts the kept weights,
 ``mask.float().mean()`` is the density.
 """
