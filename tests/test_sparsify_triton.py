@@ -218,6 +218,26 @@ def test_backend_triton_after_the_model_left_the_gpu_raises_naming_the_backend(m
         opt.step()
 
 
+def test_a_step_without_backward_after_a_declined_fused_step_moves_nothing():
+    # step 1 reaches the first parameter only (the others keep grad None); after
+    # zero_grad a step with no backward at all: the fused step declines (no
+    # gradient), having zeroed the None gradients' slices, and the torch path after
+    # it must not take the untouched zero views for gradients (Adam moved them)
+    def run(backend):
+        ps = params()
+        opt = TopK(torch.optim.Adam(ps, lr=0.1), k=7, backend=backend)
+        loss = (ps[0] * gradient(ps[:1], 0)[0]).sum()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        before = [p.detach().clone() for p in ps]
+        opt.step()
+        assert all(torch.equal(p, b) for p, b in zip(ps, before))
+        return ps, opt, None
+
+    assert_same(run("triton"), run("torch"))
+
+
 def test_a_declined_fused_step_leaves_the_unused_views_without_gradient():
     # k = the first parameter's size: the fused step runs on step 0 (every parameter
     # used), then declines (only the first used: every coordinate kept) after it has

@@ -239,6 +239,9 @@ class FlatBucket:
             self._ref = None  # hold_ allocates the new buffer
             owned = [False] * len(self.params)
         flat = self.hold_()
+        # what is written here (zeros where grad is None, copies now in ``assigned``)
+        # writes no untouched view: a buffer clean before is clean after (``present``)
+        clean = (flat._version == self.zero_version) if carried is None else not carried[0]
         for i, p in enumerate(self.params):
             if owned[i]:
                 continue
@@ -251,10 +254,9 @@ class FlatBucket:
                 if i not in moved:
                     self.assigned.add(i)
         if carried is not None:
-            written, assigned = carried
-            self.assigned |= assigned
-            if not written:
-                self.zero_version = flat._version
+            self.assigned |= carried[1]
+        if clean:
+            self.zero_version = flat._version
 
 
 def build_buckets(
