@@ -25,3 +25,19 @@ def test_variant_is_layerwise_shuffling_or_the_sanity_named():
     assert RunSpec(sanity="reinit").variant == "reinit"
     with pytest.raises(ValueError, match="shuffle=True is sanity='shuffle-layer', not 'reinit'"):
         _ = RunSpec(shuffle=True, sanity="reinit").variant
+
+
+def test_the_optimizer_settings_and_device_are_in_the_key_where_not_the_defaults():
+    from gradsift.lab.training import TrainConfig
+
+    plain = RunSpec(model="mlp", train=TrainConfig(epochs=2)).key()
+    assert plain == "mlp|digits|None|0|1|0|0|2|None|None|1|0.05|64"  # as older results
+    others = [
+        TrainConfig(epochs=2, momentum=0.0),
+        TrainConfig(epochs=2, weight_decay=0.0),
+        TrainConfig(epochs=2, schedule="none"),
+        TrainConfig(epochs=2, device="cuda"),
+    ]
+    keys = [RunSpec(model="mlp", train=t).key() for t in others]
+    assert len({plain, *keys}) == 5, keys
+    assert keys[0] == plain + "|momentum=0"

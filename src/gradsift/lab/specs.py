@@ -43,6 +43,14 @@ class RunSpec:
         extra = (f"|budget={self.allocation}" if self.allocation != "global" else "") + (
             f"|sanity={variant}" if variant not in (None, "shuffle-layer") else ""
         )
+        # the optimizer's other settings and the device, where not the defaults (runs
+        # that set them once shared a key with the default run's, whose result a sweep
+        # then reused)
+        default = TrainConfig()
+        for name in ("momentum", "weight_decay", "schedule", "device"):
+            value = getattr(t, name)
+            if value != getattr(default, name):
+                extra += f"|{name}={_exact(value) if isinstance(value, float) else value}"
         return (
             f"{self.model}|{self.dataset}|{self.method}|{_exact(self.sparsity)}|{self.iterations}|"
             f"{int(variant == 'shuffle-layer')}|{self.seed}|{t.epochs}|{t.density}|{t.k}|"
