@@ -166,7 +166,7 @@ def hold_masks(optimizer, model, masks: dict) -> MaskHold:
     def zero_pruned_grads(opt, args, kwargs):
         zero_grads()
         # args: (optimizer, closure) where the closure is passed by position
-        closure = kwargs["closure"] if "closure" in kwargs else (args[1:] or [None])[0]
+        closure = kwargs["closure"] if "closure" in kwargs else args[1] if len(args) > 1 else None
         if closure is None:
             return None
 

@@ -35,9 +35,26 @@ from gradsift.pruning.keep_where import keep_where_
 from gradsift.pruning.methods._linear_flow import scoring_forward
 from gradsift.pruning.params import is_plain_linear, mask_of, original, owners
 
-__all__ = ["BIASES", "Linearised", "drop_statistics_", "input_shape_of", "linearise_norm_"]
+__all__ = [
+    "BIASES",
+    "Linearised",
+    "check_reached",
+    "drop_statistics_",
+    "input_shape_of",
+    "linearise_norm_",
+]
 
 BIASES = ("bias", "bias_orig")  # zeroed: flow only through the weights
+
+
+def check_reached(method: str, missed: list[str]) -> None:
+    """Raise ``ValueError`` naming the weights in ``missed``: no gradient flows to them
+    from the output, so they have no synaptic flow to score."""
+    if missed:
+        raise ValueError(
+            f"{method}: {missed} do not reach the output (no gradient flows to them), so "
+            "they have no synaptic flow to score; leave them out with params="
+        )
 
 
 def input_shape_of(data, input_shape, split_batch, method: str) -> tuple:
@@ -136,12 +153,7 @@ class Linearised:
             for phi in self.phis:
                 phi.requires_grad_(False)
                 phi.grad = None
-        missed = [n for n, seen in zip(self.names, self.reached) if not seen]
-        if missed:
-            raise ValueError(
-                f"{self.method}: {missed} do not reach the output (no gradient flows to "
-                "them), so they have no synaptic flow to score; leave them out with params="
-            )
+        check_reached(self.method, [n for n, seen in zip(self.names, self.reached) if not seen])
         return dict(zip(self.names, self.phis))
 
     def _forward(self, ones: torch.Tensor) -> torch.Tensor:

@@ -14,6 +14,7 @@ from torch import nn
 from gradsift.pruning.inputs import refuse_token_ids
 from gradsift.pruning.methods._linearised import (
     BIASES,
+    check_reached,
     drop_statistics_,
     input_shape_of,
     linearise_norm_,
@@ -83,12 +84,9 @@ def synflow_sharded(
         for module in added:
             drop_statistics_(module)
     with torch.no_grad():
-        missed = [name for name, (m, a) in targets.items() if original(m, a).grad is None]
-        if missed:  # on every rank: FSDP leaves the same gradients None on each
-            raise ValueError(
-                f"synflow: {missed} do not reach the output (no gradient flows to them), so "
-                "they have no synaptic flow to score; leave them out with params="
-            )
+        # on every rank: FSDP leaves the same gradients None on each
+        missed = [n for n, (m, a) in targets.items() if original(m, a).grad is None]
+        check_reached("synflow", missed)
         scores = {}
         for name, (m, a) in targets.items():
             phi = original(m, a)
