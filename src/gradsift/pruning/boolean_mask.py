@@ -15,9 +15,9 @@ What ``torch.nn.utils.prune`` offers keeps working: ``prune.is_pruned``,
 ``prune.remove`` (the masked weight made permanent), pruning again with torch's own
 methods (their ``PruningContainer`` combines the masks into a new float mask buffer
 in the weight's dtype, no longer the boolean one ``prune_at_init`` returned), and
-state dicts (a float 0/1 mask loads into the boolean buffer as ``mask != 0``). The only difference a
-reader sees is the buffer's dtype: ``mask.sum()`` counts the kept weights,
-``mask.float().mean()`` is the density.
+state dicts (a float 0/1 mask loads into the boolean buffer as ``mask != 0``). The
+only difference a reader sees is the buffer's dtype: ``mask.sum()`` counts the kept
+weights, ``mask.float().mean()`` is the density.
 """
 
 from __future__ import annotations

@@ -19,9 +19,8 @@ on a sharded model the masks are multiplied into the local shards instead
 from reviving pruned weights: ``hold_masks(optimizer, model, masks)`` registers an
 optimizer step pre-hook that zeroes their gradients, also those a closure makes
 inside the step (so ``gradsift.TopK`` never spends its budget nor its residual on
-them), and a post-hook that multiplies the
-masks into the weights again (momentum, weight decay); its handle's ``remove()``
-stops it.
+them), and a post-hook that multiplies the masks into the weights again (momentum,
+weight decay); its handle's ``remove()`` stops it.
 
 **prune_at_init** (``prune_shards``, which ``gradsift.prune_at_init`` calls for a
 sharded model): score on the shards (``gradsift.pruning.sharded_scoring``), select

@@ -34,8 +34,8 @@ instead of across thread blocks:
 Communication per call: at most ``passes`` all-reduces of ``256`` int64 (the first
 also carries the NaN count, a count of ranks whose arguments were invalid, and checks
 that every rank passed the same ``k``, key width and order) plus one all-gather of
-``2 * segments`` int64 per rank (two all-gathers when a rank passes ``segments``), independent
-of the vector's length. A NaN on any rank, or an invalid argument on one, raises a
+``2 * segments`` int64 per rank (two all-gathers when a rank passes ``segments``),
+independent of the vector's length. A NaN on any rank, or an invalid argument on one, raises a
 ``ValueError`` on every rank, after the first all-reduce,
 so no rank is left waiting in a collective.
 
