@@ -8,7 +8,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from ddp_workers import batch, small_model
-from gradsift import TopK
+from gradsift import NonFiniteGradError, TopK
 
 
 def sharded_model(world, seed=0):
@@ -100,7 +100,7 @@ def nonfinite_on_one_rank(rank, world):
     try:
         opt.step()
         message = None
-    except ValueError as e:
+    except NonFiniteGradError as e:
         message = str(e)
     after = _snapshot(model, opt), [full(p.grad).tolist() for p in model.parameters()]
     return message, str(before) == str(after)  # str: NaN != NaN, its text is equal

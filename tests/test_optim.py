@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from gradsift import TopK, sparsify_grads_
+from gradsift import NonFiniteGradError, TopK, sparsify_grads_
 from gradsift.budget import resolve_k
 from gradsift.optim.sparse_sgd import plain_sgd
 
@@ -392,7 +392,7 @@ def test_non_finite_grad_raises_naming_parameter_and_modifies_nothing():
     model.hidden.bias.grad[3] = float("nan")
     grads = [p.grad if p.grad is None else p.grad.clone() for p in trainable(model)]
     params = copy.deepcopy(list(model.parameters()))
-    with pytest.raises(ValueError, match="hidden.bias"):
+    with pytest.raises(NonFiniteGradError, match="hidden.bias"):
         opt.step()
     for p, g in zip(trainable(model), grads):
         assert (p.grad is None) == (g is None)

@@ -9,6 +9,7 @@ import gradsift.distributed
 import gradsift.select
 
 LIBRARY = [
+    "NonFiniteGradError",
     "TopK",
     "__version__",
     "apply_masks_",
@@ -29,6 +30,7 @@ def test_library_names():
     for name in LIBRARY:
         assert hasattr(gradsift, name), f"gradsift.{name} is in __all__ but missing"
     assert issubclass(gradsift.TopK, torch.optim.Optimizer)
+    assert issubclass(gradsift.NonFiniteGradError, ValueError)
     assert set(gradsift.list_methods()) >= {"grasp", "magnitude", "random", "snip", "synflow"}
     assert set(gradsift.list_methods()) >= {"force", "iter_snip", "ntk_sap", "prospr", "synflow_l2"}
     for fn in ("topk_indices", "score", "prune_at_init", "sparsify_grads_", "masks_from_scores"):

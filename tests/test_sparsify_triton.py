@@ -5,7 +5,7 @@ through the interpreter (a small model) or on the GPU where there is one."""
 import pytest
 import torch
 
-from gradsift import TopK
+from gradsift import NonFiniteGradError, TopK
 from triton_support import DEVICE, DTYPES
 
 SHAPES = [(40, 30), (40,), (9, 40), (9,)]  # 1609 coordinates in one bucket
@@ -100,7 +100,7 @@ def test_nonfinite_gradient_skips_the_step_on_the_device():
 
 
 def test_nonfinite_gradient_raises_with_another_inner_optimizer():
-    with pytest.raises(ValueError, match="non-finite"):
+    with pytest.raises(NonFiniteGradError, match="non-finite"):
         train("triton", steps=[0, 1], density=0.01, bad_step=1, inner=lambda q: torch.optim.Adam(q))
 
 

@@ -5,7 +5,7 @@ Global top-k sparse updates with error feedback, and pruning at initialization
 the library; ``gradsift.lab`` is the command line and experiment harness built on it.
 """
 
-from gradsift.optim import TopK, sparsify_grads_
+from gradsift.optim import NonFiniteGradError, TopK, sparsify_grads_
 from gradsift.pruning import (
     apply_masks_,
     list_methods,
@@ -21,6 +21,7 @@ from gradsift.select import topk_indices
 __version__ = "0.1.0"
 
 __all__ = [
+    "NonFiniteGradError",
     "TopK",
     "__version__",
     "apply_masks_",

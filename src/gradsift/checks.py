@@ -13,6 +13,7 @@ import torch
 
 __all__ = [
     "FLOAT_DTYPES",
+    "NonFiniteGradError",
     "check_float_tensor",
     "all_finite",
     "check_choice",
@@ -110,8 +111,14 @@ def all_finite(x: torch.Tensor) -> bool:
     return bool(torch.isfinite(x).all())
 
 
+class NonFiniteGradError(ValueError):
+    """A step met an inf or NaN gradient (or error-feedback sum) outside
+    ``torch.amp.GradScaler`` and modified nothing: parameters, residuals and inner
+    state are as before the step. Catch it to skip the step as GradScaler would."""
+
+
 def check_finite_grads(params, flats, name_of) -> None:
-    """Raise ``ValueError`` naming the first of ``params`` whose gradient is not finite.
+    """Raise ``NonFiniteGradError`` naming the first of ``params`` whose gradient is not finite.
 
     ``flats``: tensors that together hold every gradient (flat buffers), checked first
     with one fast reduction each; the per-parameter scan runs only on failure.
@@ -121,7 +128,7 @@ def check_finite_grads(params, flats, name_of) -> None:
     for p in params:
         bad = int((~torch.isfinite(p.grad)).sum())
         if bad:
-            raise ValueError(
+            raise NonFiniteGradError(
                 f"gradient of {name_of(p)} has {bad} non-finite entries; nothing was "
                 "modified. Use torch.amp.GradScaler (which skips such steps) or find the "
                 "source of the inf/NaN."

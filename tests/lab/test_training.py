@@ -1,10 +1,12 @@
 """Training loop: top-k with error feedback converges on the embedded digits."""
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from gradsift import TopK
+from gradsift import NonFiniteGradError, TopK
 from gradsift.lab.data import digits, loader
 from gradsift.lab.models import build_model
 from gradsift.lab.runs import run_one
@@ -43,16 +45,51 @@ def test_evaluate_restores_mode_and_bad_schedule():
         train(model, ds.train, ds.test, TrainConfig(epochs=1, schedule="step"))
 
 
-def test_a_run_that_diverges_says_so_in_its_record_and_its_log(caplog):
+@pytest.mark.parametrize("density", [None, 0.01])
+def test_a_run_that_diverges_says_so_in_its_record_and_its_log(caplog, density):
     """SGD at lr 1e4 sends the loss to inf/NaN; the record must not pass the broken
-    network's accuracy off as a result (its accuracy is that of a constant output)."""
-    spec = RunSpec(model="mlp", seed=0, train=TrainConfig(epochs=2, lr=1e4))
+    network's accuracy off as a result (its accuracy is that of a constant output).
+    A top-k run is recorded so too, where TopK refuses the non-finite gradient."""
+    spec = RunSpec(model="mlp", seed=0, train=TrainConfig(epochs=2, lr=1e4, density=density))
     with caplog.at_level("WARNING", logger="gradsift"):
         record = run_one(spec)
     assert record["diverged"] is True
     assert any("diverged" in m for m in caplog.messages), caplog.messages
     healthy = run_one(RunSpec(model="mlp", seed=0, train=TrainConfig(epochs=1)))
     assert healthy["diverged"] is False
+
+
+class _Skipping(torch.optim.SGD):
+    """SGD whose second step is refused as TopK refuses a non-finite gradient: by
+    raising, or (``flag``) as the fused GPU step does, skipping with a device bool."""
+
+    def __init__(self, params, flag: bool):
+        super().__init__(params, lr=0.1)
+        self.flag, self.steps, self.taken = flag, 0, 0
+
+    def step(self, closure=None):
+        self.steps += 1
+        bad = self.steps == 2
+        if self.flag:
+            self.found_nonfinite = torch.tensor(bad)
+        elif bad:
+            raise NonFiniteGradError("gradient of w has 1 non-finite entries")
+        if not bad:
+            self.taken += 1
+            super().step()
+
+
+@pytest.mark.parametrize("flag", [False, True])
+def test_a_skipped_step_makes_its_epoch_loss_nan_and_training_goes_on(flag):
+    """The loss stays finite but the step was refused: that epoch diverged, the next
+    ones are measured as usual, and every other step is taken."""
+    torch.manual_seed(0)
+    model = build_model("mlp", input_shape=(1, 8, 8), num_classes=10)
+    data = loader(digits().train, batch_size=500, shuffle=False)  # 3 steps an epoch
+    opt, means = _Skipping(model.parameters(), flag), []
+    fit(model, opt, data, epochs=2, on_epoch=lambda e, m: means.append(m))
+    assert math.isnan(means[0]) and math.isfinite(means[1]), means
+    assert (opt.steps, opt.taken) == (6, 5)
 
 
 def test_fit_reads_the_loss_once_an_epoch_and_averages_it_as_python_floats(monkeypatch):

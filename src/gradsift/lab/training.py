@@ -14,7 +14,7 @@ import torch.distributed as dist
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
-from gradsift import TopK
+from gradsift import NonFiniteGradError, TopK
 from gradsift.lab import checkpoint as ckpt
 from gradsift.lab.data import loader
 
@@ -114,6 +114,10 @@ def fit(
     scheduler steps once per epoch; ``on_step()`` runs after every step and
     ``on_epoch(epoch, mean_train_loss)`` after every epoch, the mean over every rank's
     samples where a process group runs (one all-reduce an epoch).
+
+    A step that ``TopK`` skips on a non-finite gradient (dense SGD would write NaN
+    weights and go on) makes the epoch's training loss NaN: the run diverged there,
+    and every rank goes on taking the same steps.
     """
     for epoch in _progress(range(start_epoch, epochs), progress, "epochs"):
         if hasattr(data.sampler, "set_epoch"):
@@ -126,8 +130,10 @@ def fit(
             optimizer.zero_grad()
             loss = loss_fn(forward(x), y)
             loss.backward()
-            optimizer.step()
+            skipped = _step(optimizer)
             total = total + loss.detach().double() * y.numel()
+            if skipped is not False:  # no host sync: a device bool from the fused step
+                total = total.masked_fill(torch.as_tensor(skipped, device=device), math.nan)
             count += y.numel()
             if on_step is not None:
                 on_step()
@@ -135,6 +141,18 @@ def fit(
             scheduler.step()
         if on_epoch is not None:
             on_epoch(epoch, _mean_over_ranks(total, count))
+
+
+def _step(optimizer):
+    """``optimizer.step()``; whether ``TopK`` skipped it on a non-finite gradient: True
+    where it raised ``NonFiniteGradError`` (modifying nothing), the fused GPU step's
+    ``found_nonfinite`` device bool, or False."""
+    try:
+        optimizer.step()
+    except NonFiniteGradError:
+        return True
+    found = getattr(optimizer, "found_nonfinite", None)
+    return False if found is None else found
 
 
 def _mean_over_ranks(total: torch.Tensor, count: int) -> float:
@@ -177,8 +195,8 @@ def _warn_if_diverged(history: list) -> None:
     losses = [h["train_loss"] for h in history]
     if not math.isfinite(losses[-1]) and all(math.isfinite(x) for x in losses[:-1]):
         log.warning(
-            "training diverged at epoch %d (train loss %s): the weights are no longer "
-            "finite; lower the learning rate",
+            "training diverged at epoch %d (train loss %s): a loss or gradient is no "
+            "longer finite; lower the learning rate",
             len(losses),
             losses[-1],
         )

@@ -8,7 +8,8 @@
 - ``sparse_sgd``: the sparse SGD update; ``state_dict``: the state merge.
 """
 
+from gradsift.checks import NonFiniteGradError
 from gradsift.optim.error_feedback import sparsify_grads_
 from gradsift.optim.topk import TopK
 
-__all__ = ["TopK", "sparsify_grads_"]
+__all__ = ["NonFiniteGradError", "TopK", "sparsify_grads_"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 
-from gradsift.checks import check_finite_grads
+from gradsift.checks import NonFiniteGradError, check_finite_grads
 from gradsift.select.dispatch import DTYPES, require_triton, triton_available
 
 __all__ = ["fused_step_"]
@@ -82,7 +82,7 @@ def fused_step_(opt) -> bool:
     if lrs is None:
         if bool(opt.found_nonfinite):  # the one host sync of this case
             check_finite_grads(b.params, [b.grad], opt._name)
-            raise ValueError("the error-feedback sum holds NaN; nothing was modified")
+            raise NonFiniteGradError("the error-feedback sum holds NaN; nothing was modified")
         with grads.absent_as_none():
             opt.optimizer.step()
     return True

@@ -39,6 +39,7 @@ from contextlib import contextmanager
 import torch
 import torch.distributed as dist
 
+from gradsift.checks import NonFiniteGradError
 from gradsift.optim.grads import GradSet
 from gradsift.select.dtensor import dtensor_layout, is_sharded
 from gradsift.select.sharded import sharded_topk_mask
@@ -102,7 +103,7 @@ class ShardedGrads:
 
     def prepare(self, others, name_of):
         """The parameters with a gradient; a non-finite one on any rank raises the
-        same ``ValueError`` on every rank, before anything is modified."""
+        same ``NonFiniteGradError`` on every rank, before anything is modified."""
         if others:
             raise ValueError(
                 f"{name_of(others[0])} has a gradient but requires_grad=False; "
@@ -117,7 +118,7 @@ class ShardedGrads:
         dist.all_reduce(bad, group=self.group)
         found = int(bad)
         if found:
-            raise ValueError(
+            raise NonFiniteGradError(
                 f"the gradients hold {found} non-finite entries across ranks; nothing "
                 "was modified. Use torch.amp.GradScaler or find the source of the inf/NaN."
             )

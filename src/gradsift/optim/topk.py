@@ -63,8 +63,8 @@ class TopK(HasBudget, OptimizerWrapper):
     ``clip_grad_norm_`` (these see the raw gradient), then ``opt.step()``, which adds
     residuals, selects and calls the inner optimizer. With ``GradScaler``,
     ``scaler.step(opt)`` skips the whole step on inf/NaN, leaving residuals untouched.
-    Outside GradScaler a non-finite gradient raises ``ValueError`` before anything is
-    modified (the fused plain SGD step skips instead: ``backend``).
+    Outside GradScaler a non-finite gradient raises ``gradsift.NonFiniteGradError`` (a
+    ``ValueError``) before anything is modified (the fused plain SGD step skips instead).
 
     Speed: gradients live in one flat buffer per (device, dtype) and each ``p.grad`` is
     a view into it from the first step on, so backward accumulates straight into the
