@@ -99,25 +99,6 @@ def test_one_step_changes_exactly_top_k(k):
     torch.testing.assert_close(sparse, torch.where(mask, flat, 0.0), rtol=0, atol=0)
 
 
-def test_tied_weight_listed_twice_is_one_coordinate_set():
-    # the tied weight appears twice in the list the optimizer is built from, as when a
-    # user concatenates module parameter lists; TopK must hold and select it once
-    torch.manual_seed(0)
-    model = Net()
-    listed = [model.emb.weight, model.hidden.weight, model.hidden.bias, model.out.weight]
-    assert listed[0] is listed[3]
-    with pytest.warns(UserWarning, match="duplicate parameters"):
-        inner = torch.optim.SGD(listed, lr=0.1)
-    opt = TopK(inner, k=7, error_feedback=False)
-    assert sum(b.numel for b in opt._grads.buckets) == sum(p.numel() for p in listed[:3])
-    loss_of(model, 0).backward()
-    grads = [p.grad.clone() for p in listed[:3]]
-    opt.sparsify_()
-    flat, mask = brute_force_topk(grads, 7)
-    got = torch.cat([p.grad.reshape(-1) for p in listed[:3]])
-    torch.testing.assert_close(got, torch.where(mask, flat, 0.0), rtol=0, atol=0)
-
-
 def test_tensor_scope_selects_within_each_tensor():
     model = Net()
     k = 3
@@ -858,3 +839,28 @@ def test_an_optimizer_with_no_trainable_parameter_is_an_error():
     model = Net().requires_grad_(False)
     with pytest.raises(ValueError, match="optimizer has no trainable parameter"):
         TopK(torch.optim.SGD(model.parameters(), lr=0.1), k=5)
+
+
+def test_a_parameter_listed_twice_in_a_group_is_an_error():
+    """torch.optim warns and updates it twice; the selection counts its coordinates
+    once, so TopK's step would depend on whether k covers them (the sparse update once,
+    a dense step twice): refused, naming where. A tied weight, as when a user
+    concatenates module parameter lists."""
+    model = Net()
+    listed = [model.emb.weight, model.hidden.weight, model.hidden.bias, model.out.weight]
+    assert listed[0] is listed[3]
+    with pytest.warns(UserWarning, match="duplicate parameters"):
+        tied = torch.optim.SGD(listed, lr=0.1)
+    with pytest.raises(ValueError, match=r"param_groups\[0\] lists a parameter of shape"):
+        TopK(tied, k=7)
+    a, b = nn.Parameter(torch.zeros(4)), nn.Parameter(torch.zeros(3))
+    with pytest.warns(UserWarning, match="duplicate"):
+        sgd = torch.optim.SGD([a, b, a], lr=1.0)
+    with pytest.raises(ValueError, match=r"param_groups\[0\] lists a parameter of shape \(4,\)"):
+        TopK(sgd, k=1)
+    opt = TopK(torch.optim.SGD([a], lr=1.0), k=1)
+    with pytest.raises(ValueError, match="new param group lists a parameter of shape \\(3,\\)"):
+        opt.add_param_group({"params": (p for p in [b, b])})
+    assert len(opt.param_groups) == 1 and len(opt.optimizer.param_groups) == 1
+    opt.add_param_group({"params": (p for p in [b])})  # a generator is read once
+    assert opt.param_groups[1]["params"] == [b]

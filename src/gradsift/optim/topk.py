@@ -25,7 +25,7 @@ from torch.optim import Optimizer
 from gradsift.budget import Budget, HasBudget, check_scope
 from gradsift.optim.error_feedback import check_momentum_correction
 from gradsift.optim.fused import fused_step_
-from gradsift.optim.inner import check_inner, check_no_inner_momentum
+from gradsift.optim.inner import check_inner, check_no_inner_momentum, checked_group
 from gradsift.optim.sharded import grad_set
 from gradsift.optim.sparse_sgd import apply_sparse_sgd_, plain_sgd
 from gradsift.optim.state_dict import load_own_state, state_dict_with_own
@@ -166,7 +166,7 @@ class TopK(HasBudget, OptimizerWrapper):
                         self._own_state[p][name].copy_(old[p][name])
 
     def add_param_group(self, param_group: dict) -> None:
-        check_no_inner_momentum([{**self.defaults, **param_group}], self.momentum_correction)
+        param_group = checked_group(param_group, self.defaults, self.momentum_correction)
         self.optimizer.add_param_group(param_group)
         self._build()
 
