@@ -2,8 +2,10 @@
 weights by ``AccumulatingLinear`` (no weight-sized gradient from autograd), against
 autograd's gradients."""
 
+import pytest
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from gradsift.pruning.gradients import GradBuffers
 
@@ -85,3 +87,50 @@ def test_the_gradients_share_one_flat_buffer():
     grads = [w.grad for w in buffers.weights]
     base = grads[0].untyped_storage().data_ptr()
     assert all(g.untyped_storage().data_ptr() == base for g in grads)
+
+
+class Checkpointed(nn.Module):
+    """Linear -> checkpointed (Linear, tanh) -> Linear, float32."""
+
+    def __init__(self, checkpointed: bool):
+        super().__init__()
+        torch.manual_seed(0)
+        self.checkpointed = checkpointed
+        self.a, self.b, self.c = nn.Linear(5, 7), nn.Linear(7, 7), nn.Linear(7, 3)
+
+    def forward(self, x):
+        h = torch.tanh(self.a(x))
+        inner = lambda t: torch.tanh(self.b(t))  # noqa: E731
+        h = checkpoint(inner, h, use_reentrant=False) if self.checkpointed else inner(h)
+        return self.c(h)
+
+
+def _batch(seed):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(6, 5, generator=gen)
+
+
+@pytest.mark.parametrize("case", ["autocast", "checkpoint"])
+def test_autocast_and_activation_checkpointing_equal_autograd_bit_for_bit(case):
+    """Under bf16 autocast the weight gradient is the low-precision product cast back;
+    in a checkpointed region the recomputed forward saves another weight tensor.
+    Both as autograd computes them (the autocast path over weighted batches: it is
+    autograd's own; ``addmm_`` rounds a later batch's sum once)."""
+    amp = torch.autocast("cpu", dtype=torch.bfloat16, enabled=case == "autocast")
+    scales = [1.0, 0.25] if case == "autocast" else [1.0]
+    model = Checkpointed(case == "checkpoint")
+    ws = [model.a.weight, model.b.weight, model.c.weight]
+    expected = [torch.zeros_like(w) for w in ws]
+    for seed, s in enumerate(scales):
+        with amp:
+            loss = model(_batch(seed)).float().square().mean()
+        for t, g in zip(expected, torch.autograd.grad(loss, ws)):
+            t += g * s
+    model.requires_grad_(False)
+    buffers = GradBuffers({n: (getattr(model, n), "weight") for n in "abc"})
+    for seed, s in enumerate(scales):
+        with amp:
+            loss = model(_batch(seed)).float().square().mean()
+        buffers.accumulate_(loss, s)
+    for g, e in zip(buffers.release_(), expected):
+        torch.testing.assert_close(g, e, rtol=0, atol=0)

@@ -13,7 +13,11 @@ to ``.grad``: for a moment the largest layer's weights are held once more. A pla
 instead, whose backward adds ``α gᵀ x`` (``g`` the output's gradient, ``x`` the input,
 rows flattened) into the weight's ``.grad`` with one ``addmm_`` and hands autograd no
 weight gradient. Into a zeroed buffer that is the product autograd computes, bit for
-bit; a later batch's sum is rounded once instead of twice.
+bit; a later batch's sum is rounded once instead of twice. Under ``torch.autocast``
+the layer runs ``F.linear`` and autograd's own backward (its weight gradient is the
+low-precision product, cast back). The weight is held by the function, not saved
+for backward, so activation checkpointing (``use_reentrant=False``) recomputes the
+input only.
 
 A weight the loss does not reach keeps a zero gradient.
 """
@@ -39,13 +43,15 @@ class AccumulatingLinear(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, scale):
-        ctx.save_for_backward(x, weight)
-        ctx.scale = scale
+        ctx.save_for_backward(x)
+        # the parameter itself: a checkpointed region's recomputation would hand back
+        # a saved weight that is another tensor, without the preset ``.grad``
+        ctx.weight, ctx.scale = weight, scale
         return F.linear(x, weight, bias)
 
     @staticmethod
     def backward(ctx, gy):
-        x, weight = ctx.saved_tensors
+        (x,), weight = ctx.saved_tensors, ctx.weight
         gx = gy.matmul(weight) if ctx.needs_input_grad[0] else None
         g2 = gy.reshape(-1, weight.shape[0])
         gb = g2.sum(0) if ctx.needs_input_grad[2] else None
@@ -106,6 +112,18 @@ def _accumulating_forward(module: nn.Linear, scale: list):
 
     def forward(input):  # nn.Linear.forward's name: callers may pass it by keyword
         m = ref()
+        if _autocasting(input.device.type):  # autograd's backward casts the product
+            return F.linear(input, m.weight, m.bias)
         return AccumulatingLinear.apply(input, m.weight, m.bias, scale)
 
     return forward
+
+
+def _autocasting(device_type: str) -> bool:
+    """Whether ``torch.autocast`` is on for ``device_type`` (torch 2.2-2.3 too)."""
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except TypeError:  # before torch 2.4: no device argument
+        if device_type == "cpu":
+            return torch.is_autocast_cpu_enabled()
+        return device_type == "cuda" and torch.is_autocast_enabled()
