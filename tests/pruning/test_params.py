@@ -125,3 +125,30 @@ def test_default_selection_covers_transposed_convolutions(method):
     total = sum(m.numel() for m in masks.values())
     assert sum(int(m.sum()) for m in masks.values()) == total - round(0.8 * total)
     assert masks["up.weight"].shape == model.up.weight.shape
+
+
+@pytest.mark.filterwarnings("ignore:.*weight_norm.*is deprecated:FutureWarning")
+@pytest.mark.parametrize("how", ["spectral_norm", "parametrize", "weight_norm"])
+@pytest.mark.parametrize("method", ["magnitude", "snip", "synflow"])
+def test_a_reparametrized_weight_is_left_dense_with_a_warning(how, method):
+    """spectral_norm stores its Linear's weight as ``weight_orig`` without a mask: not
+    a pruned weight (torch's ``prune.is_pruned`` says so too). A weight computed from
+    other tensors is no parameter torch.nn.utils.prune can mask: warned, left out,
+    and every other weight pruned with exact counts."""
+    model = mlp()
+    layer = model[3]
+    if how == "spectral_norm":
+        torch.nn.utils.spectral_norm(layer)
+    elif how == "weight_norm":
+        torch.nn.utils.weight_norm(layer)  # the old form: weight_g and weight_v
+    else:
+        torch.nn.utils.parametrize.register_parametrization(layer, "weight", torch.nn.Identity())
+    before = {n: t.clone() for n, t in layer.named_parameters()}
+    with pytest.warns(UserWarning, match=r"weights of \['3'\] are computed from other tensors"):
+        masks = gradsift.prune_at_init(model, method, 0.5, batches(1))
+    assert list(masks) == ["1.weight", "5.weight"]
+    total = sum(m.numel() for m in masks.values())
+    assert sum(int(m.sum()) for m in masks.values()) == total - round(0.5 * total)
+    assert not torch.nn.utils.prune.is_pruned(layer)
+    for n, t in layer.named_parameters():
+        assert torch.equal(t, before[n]), n

@@ -80,9 +80,17 @@ def _default(module: nn.Module, attr: str) -> bool:
 
 
 def _held(module: nn.Module):
-    """``(logical attribute, tensor)`` of the parameters ``module`` holds itself."""
+    """``(logical attribute, tensor)`` of the parameters ``module`` holds itself: a
+    ``weight_orig`` is ``weight`` when pruned (a ``weight_mask`` beside it), else its
+    own name (``spectral_norm`` stores a weight so)."""
     for attr, tensor in list(module.named_parameters(recurse=False)):
-        yield (attr[: -len("_orig")] if attr.endswith("_orig") else attr), tensor
+        base = attr[: -len("_orig")]
+        yield (base if attr.endswith("_orig") and _is_pruned(module, base) else attr), tensor
+
+
+def _is_pruned(module: nn.Module, attr: str) -> bool:
+    """``torch.nn.utils.prune``'s layout: ``attr_orig`` and the ``attr_mask`` buffer."""
+    return hasattr(module, attr + "_orig") and mask_of(module, attr) is not None
 
 
 def prunable(
@@ -124,8 +132,27 @@ def prunable(
     if not found:
         raise ValueError("no parameters selected for scoring (params=...)")
     if params is None and warn:
+        _warn_reparametrized(model)
         _warn_coverage(model, found)
     return found
+
+
+def _warn_reparametrized(model: nn.Module) -> None:
+    """Warn about layers of the default types whose weight is no parameter of theirs:
+    computed from others (``spectral_norm``, ``weight_norm``, ``parametrize``)."""
+    names = [
+        name
+        for name, m in model.named_modules()
+        if isinstance(m, _DEFAULT_TYPES) and "weight" not in dict(_held(m))
+    ]
+    if names:
+        warnings.warn(
+            f"the weights of {names} are computed from other tensors (spectral_norm, "
+            "weight_norm or torch.nn.utils.parametrize), which torch.nn.utils.prune "
+            "cannot mask: they are not selected and stay dense",
+            UserWarning,
+            stacklevel=5,  # the user's call of score or prune_at_init
+        )
 
 
 def _warn_coverage(model: nn.Module, found: dict) -> None:
@@ -154,11 +181,7 @@ def _all_held(model: nn.Module):
 
 def original(module: nn.Module, attr: str) -> torch.Tensor:
     """The trainable tensor behind ``attr`` (``attr_orig`` when pruned)."""
-    return (
-        getattr(module, attr + "_orig", None)
-        if hasattr(module, attr + "_orig")
-        else getattr(module, attr)
-    )
+    return getattr(module, attr + "_orig") if _is_pruned(module, attr) else getattr(module, attr)
 
 
 def mask_of(module: nn.Module, attr: str) -> torch.Tensor | None:
