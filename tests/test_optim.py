@@ -864,3 +864,32 @@ def test_a_parameter_listed_twice_in_a_group_is_an_error():
     assert len(opt.param_groups) == 1 and len(opt.optimizer.param_groups) == 1
     opt.add_param_group({"params": (p for p in [b])})  # a generator is read once
     assert opt.param_groups[1]["params"] == [b]
+
+
+def test_zero_grad_clears_what_the_inner_step_wrote_into_the_gradients():
+    """SGD(nesterov, foreach) adds its momentum buffer into p.grad in place: zero_grad
+    must then clear the whole buffer, not only the k coordinates TopK selected."""
+    model = Net()
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True, foreach=True)
+    opt = TopK(sgd, k=3, backend="torch")
+    for step in range(3):
+        opt.zero_grad()
+        for p in trainable(model):
+            assert p.grad is None or not p.grad.any(), (step, p.shape)
+        loss_of(model, step).backward()
+        opt.step()
+
+
+def test_momentum_correction_refuses_an_inner_momentum_a_scheduler_sets():
+    """OneCycleLR cycles the groups' momentum by default: DGC's velocity would run
+    with SGD momentum on top. The step refuses it before anything is modified."""
+    model = Net()
+    opt = TopK(torch.optim.SGD(model.parameters(), lr=0.1), k=3, momentum_correction=0.9)
+    torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=10)
+    assert opt.param_groups[0]["momentum"] > 0  # set by the scheduler
+    loss_of(model, 0).backward()
+    params = [p.clone() for p in model.parameters()]
+    with pytest.raises(ValueError, match="cycle_momentum=False"):
+        opt.step()
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), params))
+    assert not any(st["momentum"].any() for st in opt._own_state.values())

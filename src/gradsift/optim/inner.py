@@ -38,10 +38,12 @@ def check_inner(optimizer, *, momentum_correction, error_feedback: bool) -> None
 
 def check_no_inner_momentum(groups: list[dict], momentum_correction) -> None:
     """Raise ``ValueError`` where DGC's ``momentum_correction`` would stack on a
-    group's own momentum (at construction, ``add_param_group`` and ``load_state_dict``)."""
+    group's own momentum (at construction, ``add_param_group``, ``load_state_dict``
+    and every step: a scheduler may set it)."""
     if momentum_correction is not None and any(g.get("momentum", 0) for g in groups):
         raise ValueError(
-            "momentum_correction replaces the inner optimizer's momentum: set its momentum=0"
+            "momentum_correction replaces the inner optimizer's momentum: set its momentum=0 "
+            "(and cycle_momentum=False in OneCycleLR or CyclicLR, which set it each step)"
         )
 
 

@@ -196,6 +196,7 @@ class TopK(HasBudget, OptimizerWrapper):
         """Lay the buffers out again where a parameter changed dtype, device or strides
         (``model.to(...)``), or one that was frozen when they were laid out has a
         gradient now (unfrozen: it joins a bucket, its state carried over)."""
+        check_no_inner_momentum(self.param_groups, self.momentum_correction)  # schedulers
         self.state = self._own_state
         if self._grads.stale() or any(p.grad is not None and p.requires_grad for p in self._frozen):
             self._build()
@@ -216,9 +217,8 @@ class TopK(HasBudget, OptimizerWrapper):
         momentum, weight decay or hooks) and not every coordinate is kept, the update
         is applied to the selected coordinates only: its dense step on the sparse
         gradient (up to one rounding of ``lr * g``, see ``gradsift.optim.sparse_sgd``),
-        without the dense pass. A ``closure`` is passed on to
-        the inner optimizer (LBFGS evaluates it several times), each evaluation
-        followed by the selection.
+        without the dense pass. A ``closure`` is passed on to the inner optimizer
+        (LBFGS evaluates it several times), each evaluation followed by the selection.
         """
         self._refresh()
         with self._grads.held():
@@ -227,6 +227,8 @@ class TopK(HasBudget, OptimizerWrapper):
             if fused_step_(self):
                 return None
             selected = self._sparsify()
+            if selected is not None:  # before the inner step: one that writes p.grad
+                self._grads.mark_sparse(selected[0])  # (SGD foreach nesterov) is seen
             full = selected is None or selected[2] >= selected[3]
             lrs = None if full else self._sparse_sgd_lrs()
             if lrs is not None:
@@ -234,8 +236,6 @@ class TopK(HasBudget, OptimizerWrapper):
             else:
                 with self._grads.absent_as_none():
                     self.optimizer.step()
-            if selected is not None:
-                self._grads.mark_sparse(selected[0])
         return None
 
     def _sparse_sgd_lrs(self) -> list[float] | None:
