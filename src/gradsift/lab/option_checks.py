@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import os
 
-__all__ = ["check_bench", "check_folders", "check_fsdp", "check_train"]
+__all__ = ["check_bench", "check_folders", "check_fsdp", "check_train", "check_training"]
 
 
 def check_train(args: argparse.Namespace, torchrun: bool) -> None:
@@ -27,21 +27,37 @@ def check_train(args: argparse.Namespace, torchrun: bool) -> None:
     if args.comm is not None and args.nproc < 2 and not torchrun:
         raise ValueError("--comm is the gradient communication between ranks: add --nproc N")
     check_density(args.comm, args.density)
-    if not args.error_feedback and args.density is None:
-        raise ValueError(
-            "--no-error-feedback is for top-k training: add --density (or leave it out)"
-        )
+    check_training(args)
     if args.comm == "topk-dgc" and not args.error_feedback:
         raise ValueError("--comm topk-dgc is DGC's recipe, with error feedback: use --comm topk")
 
 
+def check_training(args: argparse.Namespace) -> None:
+    """The training options of ``train`` and ``sweep``: ``--no-error-feedback`` is for
+    top-k training only."""
+    if not args.error_feedback and args.density is None:
+        raise ValueError(
+            "--no-error-feedback is for top-k training: add --density (or leave it out)"
+        )
+
+
 def check_folders(args: argparse.Namespace) -> None:
-    """``--out`` and ``--checkpoint`` name folders: an existing file there is an
-    error before any work (it failed when the results were written, after training)."""
+    """``--out`` and ``--checkpoint`` name folders and ``--json`` a file: where the
+    path cannot be one, an error before any work (it failed when the results were
+    written, after training or the benchmark)."""
     for option in ("out", "checkpoint"):
         path = getattr(args, option, None)
         if path and os.path.exists(path) and not os.path.isdir(path):
             raise ValueError(f"--{option}: {path} is a file, not a folder")
+    path = getattr(args, "json", None)
+    if path:
+        parent = os.path.dirname(os.path.abspath(path))
+        while not os.path.exists(parent):  # the nearest that exists: made into folders
+            parent = os.path.dirname(parent)
+        if os.path.isdir(path):
+            raise ValueError(f"--json: {path} is a folder, not a file")
+        if os.path.exists(parent) and not os.path.isdir(parent):
+            raise ValueError(f"--json: {parent} is a file, not a folder")
 
 
 def check_fsdp(args: argparse.Namespace, torchrun: bool) -> None:
@@ -67,6 +83,7 @@ def check_fsdp(args: argparse.Namespace, torchrun: bool) -> None:
 def check_bench(args: argparse.Namespace) -> None:
     """An option the benchmark would ignore is an error naming the ones that take it."""
     from gradsift.lab.bench import BENCHES
+    from gradsift.lab.bench.ddp_step import WARMUP_STEPS
 
     takers = {
         "--sizes": (args.sizes, ("select", "sharded")),
@@ -82,3 +99,8 @@ def check_bench(args: argparse.Namespace) -> None:
     for option, (value, benches) in takers.items():
         if value is not None and args.what not in benches:
             raise ValueError(f"{option} is for bench {' or '.join(benches)}, not {args.what}")
+    if args.steps is not None and args.steps <= WARMUP_STEPS:
+        raise ValueError(
+            f"--steps {args.steps}: the first {WARMUP_STEPS} are not timed; give at least "
+            f"{WARMUP_STEPS + 1}"
+        )

@@ -3,6 +3,7 @@ results file."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from gradsift.lab.training import TrainConfig
@@ -51,6 +52,8 @@ class RunSpec:
             value = getattr(t, name)
             if value != getattr(default, name):
                 extra += f"|{name}={_exact(value) if isinstance(value, float) else value}"
+        if self.data_root is not None:  # another folder is other data (CIFAR's)
+            extra += f"|data_root={os.path.abspath(self.data_root)}"
         return (
             f"{self.model}|{self.dataset}|{self.method}|{_exact(self.sparsity)}|{self.iterations}|"
             f"{int(variant == 'shuffle-layer')}|{self.seed}|{t.epochs}|{t.density}|{t.k}|"

@@ -32,11 +32,11 @@ from gradsift.lab.shaping import ENV, loopback_bytes, run_shaped
 from gradsift.lab.tables import Column, columns
 from gradsift.lab.training import fit
 
-__all__ = ["bench_ddp", "COLUMNS"]
+__all__ = ["bench_ddp", "COLUMNS", "WARMUP_STEPS"]
 
 log = logging.getLogger(__name__)
 
-_WARMUP = 3  # steps not timed: dense starts, DDP's bucket rebuild, PowerSGD's start
+WARMUP_STEPS = 3  # steps not timed: dense starts, DDP's bucket rebuild, PowerSGD's start
 
 VARIANTS = {  # name -> make_hook arguments
     "allreduce": {"comm": "allreduce"},
@@ -90,7 +90,7 @@ def _timed(forward, model, data, on_step_extra=None, *, barrier=True) -> list[fl
 
     start = time.perf_counter()
     fit(forward, torch.optim.SGD(model.parameters(), lr=0.01), data, epochs=1, on_step=on_step)
-    return [b - a for a, b in zip([start, *stamps], stamps)][_WARMUP:]
+    return [b - a for a, b in zip([start, *stamps], stamps)][WARMUP_STEPS:]
 
 
 def _run_variant(name, model_name, steps, batch, rank, world) -> dict:
@@ -103,7 +103,7 @@ def _run_variant(name, model_name, steps, batch, rank, world) -> dict:
     marks = {}
 
     def mark(step):
-        if step == _WARMUP:
+        if step == WARMUP_STEPS:
             marks["lo"], marks["hook"] = loopback_bytes(), getattr(state, "bytes_sent", 0)
 
     times = _timed(ddp, model, _batches(steps, batch, rank), mark)
