@@ -183,3 +183,21 @@ def test_state_dict_and_pickle_carry_residual_and_velocity():
         assert torch.equal(i, outs[0][0]) and torch.equal(v, outs[0][1])
         assert torch.equal(s.residual, a.residual) and torch.equal(s.velocity, a.velocity)
     assert not math.isclose(float(a.velocity.abs().sum()), 0.0)
+
+
+def test_an_unpickled_state_without_its_grad_scaler_refuses_to_go_on():
+    """A GradScaler is an object of its process: pickling the state leaves it behind.
+    Its residual is in the scale's units, so stepping on without the scaler (no
+    rescaling when the scale changes) is refused until it is set again."""
+    import pickle
+
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    a = TopKHookState(density=0.2, grad_scaler=scaler)
+    gen = torch.Generator().manual_seed(1)
+    compress_(a, torch.randn(50, generator=gen), [(0, 0)], [50])
+    c = pickle.loads(pickle.dumps(a))
+    assert c.grad_scaler is None and c.scale == 2.0**10
+    with pytest.raises(ValueError, match="has no grad_scaler: a pickled state leaves its"):
+        compress_(c, torch.randn(50, generator=gen), [(0, 0)], [50])
+    c.grad_scaler = scaler
+    compress_(c, torch.randn(50, generator=gen), [(0, 0)], [50])

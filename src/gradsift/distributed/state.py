@@ -50,7 +50,8 @@ _SAVED = (
     "iter", "bytes_sent", "bytes_dense", "residual", "velocity", "layout", "scale",
     "rank", "world_size",
 )  # fmt: skip
-# what a pickled state leaves behind: objects of this process, remade on unpickling
+# what a pickled state leaves behind: objects of this process, remade on unpickling;
+# the GradScaler is the user's to set again (the hook refuses to go on without it)
 _THIS_PROCESS = (
     "process_group", "grad_scaler", "_keys", "_keyed_at", "_workspace", "_stash", "_flat",
 )  # fmt: skip
