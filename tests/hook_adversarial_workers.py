@@ -15,6 +15,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: N817
 
+from gradsift.budget import Budget
 from gradsift.distributed import TopKHookState, topk_hook
 
 
@@ -321,3 +322,41 @@ def resume(rank, world, how, cap_mb):
     nres = float(state2.residual.abs().sum())
     resumed = _train(ddp2, opt2, model2, rank, range(3, 6))
     return torch.equal(straight, resumed), nres, state2.iter
+
+
+class _Mixed(nn.Module):
+    """One float16 and one float32 coordinate, their gradients given by the input."""
+
+    def __init__(self):
+        super().__init__()
+        self.h = nn.Parameter(torch.zeros(1, dtype=torch.float16))
+        self.f = nn.Parameter(torch.zeros(1))
+
+    def forward(self, gh, gf):
+        return (self.h.double() * gh).sum() + (self.f.double() * gf).sum()
+
+
+def mixed_dtypes_past_float16(rank, world):
+    """A float16 and a float32 coordinate in one float32 vector, the float16 one's
+    residual past 65504 by the second step: sparse (k = 1) and dense (k = n from the
+    second step on), per value dtype. Returns per case the gradients handed back
+    (float16, float32) by step, the residual at the end, bytes_dense per step and
+    bytes_sent."""
+    out = {}
+    for vd in (None, torch.bfloat16):
+        for dense in (False, True):
+            model = _Mixed()
+            state = TopKHookState(k=1, start_iter=0, value_dtype=vd, dense_if_larger=False)
+            ddp = DDP(model)
+            ddp.register_comm_hook(state, topk_hook)
+            sent = []
+            for step, (gh, gf) in enumerate([(4e4, 5e4), (4e4, 0.0), (4e4, 0.0)]):
+                if dense and step == 1:  # k = n: the dense path, on the residual of step 0
+                    state.budget, state.dense_if_larger = Budget(k=2), True
+                model.zero_grad(set_to_none=True)
+                ddp(torch.tensor([gh], dtype=torch.float64), torch.tensor([gf])).backward()
+                sent.append((float(model.h.grad), float(model.f.grad)))
+            out[(str(vd), dense)] = (
+                sent, state.residual.tolist(), state.bytes_dense / 3, state.bytes_sent
+            )
+    return out

@@ -201,3 +201,17 @@ def test_an_unpickled_state_without_its_grad_scaler_refuses_to_go_on():
         compress_(c, torch.randn(50, generator=gen), [(0, 0)], [50])
     c.grad_scaler = scaler
     compress_(c, torch.randn(50, generator=gen), [(0, 0)], [50])
+
+
+def test_a_float16_bucket_beside_a_float32_one_gets_no_inf_and_loses_nothing():
+    """The hook's vector (and residual) is float32 when a float16 parameter sits beside
+    a float32 one: what it sends for the float16 one is capped below 65504 (the rest
+    kept), since the mean is written back into the float16 bucket. bytes_dense counts
+    what DDP's allreduce sends: 2 + 4 bytes a step, not 4 + 4."""
+    for report in rank_results(run_world(W.mixed_dtypes_past_float16, 2, deadline_s=60), 2):
+        for case, (sent, residual, dense_bytes, _) in report.items():
+            assert all(math.isfinite(h) and abs(h) <= 65504 for h, _ in sent), (case, sent)
+            total = sum(h + f for h, f in sent) + sum(residual)
+            assert total == 3 * 4e4 + 5e4, (case, sent, residual)  # every rank alike
+            assert dense_bytes == 6, case
+        assert report[("None", True)][3] != report[("None", False)][3]  # two paths taken

@@ -38,6 +38,7 @@ selection and its residual kept (``gradsift.distributed.unused``).
 # No ``from __future__ import annotations`` here: DDP checks the hook's return
 # annotation against the real ``torch.futures.Future[torch.Tensor]`` object.
 import functools
+import itertools
 
 import torch
 import torch.distributed as dist
@@ -47,6 +48,7 @@ from gradsift.checks import all_finite
 from gradsift.distributed import encoding as wire
 from gradsift.distributed.cost import sparse_pays
 from gradsift.distributed.loss_scale import rescale_for_grad_scaler_
+from gradsift.distributed.rounding import keep_within_
 from gradsift.distributed.state import (
     TopKHookState,
     compress_,
@@ -114,7 +116,7 @@ def _finish(state: TopKHookState, stash) -> None:
     n = sum(p.numel() for p in parts)
     flat = torch.cat(parts, out=state.flat_buffer(n, dtype, parts[0].device))
     element = flat.element_size()
-    state.bytes_dense += n * element
+    state.bytes_dense += sum(p.numel() * p.element_size() for p in parts)  # DDP's own
     layout = [(key, size) for key, size, _, _ in entries]
     planned = _planned(state, n, flat.dtype)  # compared across ranks in the header
     finite = _exchange_header(state, flat, layout, world, planned)
@@ -127,10 +129,11 @@ def _finish(state: TopKHookState, stash) -> None:
         rescale_for_grad_scaler_(state)  # what is set aside, in the current scale's units
         held = hold_out_unused_(state, flat, [size for _, size, _, _ in entries])
     k, encoding, size = planned
+    narrow = _narrow(parts, dtype)
     if not finite or (state.dense_if_larger and not sparse_pays(size, n, element, world)):
-        _dense(state, flat, finite, world)
+        _dense(state, flat, finite, world, narrow)
     else:
-        _sparse(state, flat, k, encoding, world)
+        _sparse(state, flat, k, encoding, world, narrow)
     restore_held_(state, held)
     _scatter(stash, entries, flat)
 
@@ -251,20 +254,29 @@ def _check_owners(ranks: list[int], worlds: list[int], world: int) -> None:
         )
 
 
-def _dense(state: TopKHookState, flat, finite: bool, world: int) -> None:
+def _narrow(parts, dtype) -> list[tuple[int, int, torch.dtype]]:
+    """``(start, end, dtype)`` of the parts narrower than the vector's ``dtype``."""
+    bounds = itertools.accumulate((p.numel() for p in parts), initial=0)
+    return [(a, a + p.numel(), p.dtype) for a, p in zip(bounds, parts) if p.dtype != dtype]
+
+
+def _dense(state: TopKHookState, flat, finite: bool, world: int, narrow=()) -> None:
     """Plain allreduce of the mean; when finite, the residual (and velocity) go with it."""
     if finite and state.residual is not None:
         # k = n: everything is sent and the memory cleared (flat holds a = r + g)
-        compress_into_(state, flat, flat.numel(), rounded=False)
+        idx, _ = compress_into_(state, flat, flat.numel(), rounded=False)
+        if narrow:
+            flat.copy_(keep_within_(state.residual, idx, flat, narrow))
     flat.div_(world)
     dist.all_reduce(flat, group=state.process_group)
     state.bytes_sent += flat.numel() * flat.element_size()
 
 
-def _sparse(state: TopKHookState, flat, k: int, encoding: str, world: int) -> None:
+def _sparse(state: TopKHookState, flat, k: int, encoding: str, world: int, narrow=()) -> None:
     """All-gather every rank's encoded top-k; ``flat`` becomes the decoded mean."""
     n, dtype = flat.numel(), flat.dtype
     idx, values = compress_into_(state, flat, k, rounded=True)
+    values = keep_within_(state.residual, idx, values, narrow)
     message = wire.encode(idx, values, n, encoding)
     gathered = [torch.empty_like(message) for _ in range(world)]
     dist.all_gather(gathered, message, group=state.process_group)

@@ -8,7 +8,7 @@ import math
 
 import torch
 
-__all__ = ["round_for_wire", "top_of_both"]
+__all__ = ["capped", "keep_within_", "round_for_wire", "top_of_both"]
 
 
 def round_for_wire(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -27,11 +27,19 @@ def round_for_wire(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     top = top_of_both(values.dtype, dtype)
     if top >= torch.finfo(values.dtype).max:  # every finite value rounds to a finite one
         return values.to(dtype)
+    return capped(values, top).to(dtype)
+
+
+def capped(values: torch.Tensor, top: float) -> torch.Tensor:
+    """``values`` with every magnitude above ``top`` (a value exact in their dtype)
+    replaced as ``round_for_wire`` says: ``top`` up to ``2 top``, past that the largest
+    multiple of the value's own spacing not above ``top``; ``values - capped`` is
+    exact and no larger than ``values``."""
     mag = values.abs()
     ulp = torch.nextafter(mag, torch.full_like(mag, math.inf)) - mag
     aligned = top - torch.remainder(torch.full_like(mag, top), ulp)  # exact: powers of 2
     cap = torch.where(mag <= 2 * top, top, aligned)
-    return torch.where(mag > top, torch.copysign(cap, values), values).to(dtype)
+    return torch.where(mag > top, torch.copysign(cap, values), values)
 
 
 def top_of_both(a: torch.dtype, b: torch.dtype) -> float:
@@ -40,3 +48,20 @@ def top_of_both(a: torch.dtype, b: torch.dtype) -> float:
     fa, fb = torch.finfo(a), torch.finfo(b)
     exponent = min(math.floor(math.log2(fa.max)), math.floor(math.log2(fb.max)))
     return (2.0 - max(fa.eps, fb.eps)) * 2.0**exponent
+
+
+def keep_within_(residual, idx: torch.Tensor, values: torch.Tensor, narrow) -> torch.Tensor:
+    """``values`` (sent at ``idx`` of the hook's vector) capped where ``narrow``,
+    ``[(start, end, dtype)]``, marks a range bound for a bucket of a narrower dtype (a
+    float16 parameter in a float32 vector): below the largest value exact in that dtype
+    and theirs (``capped``), the excess added back into ``residual`` (exactly; None:
+    dropped, as unsent mass is without error feedback). Each rank's sent value then
+    fits, and so does their mean: uncapped, a residual past 65504 came back as inf."""
+    for start, end, dtype in narrow:
+        at = ((idx >= start) & (idx < end)).nonzero().squeeze(1)
+        v = values.index_select(0, at)
+        c = capped(v, top_of_both(v.dtype, dtype))
+        if residual is not None:
+            residual.index_add_(0, idx.index_select(0, at), (v - c).to(residual.dtype))
+        values = values.index_copy(0, at, c)
+    return values

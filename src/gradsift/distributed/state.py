@@ -83,8 +83,8 @@ class TopKHookState(HasBudget):
             (``gradsift.distributed.unused``), since DDP drops what the hook hands back
             for a parameter no rank used.
 
-    ``bytes_sent`` counts what this rank contributed, ``bytes_dense`` what plain
-    allreduce would have; ``compression_ratio`` is their quotient.
+    ``bytes_sent`` counts what this rank sent, ``bytes_dense`` what DDP's allreduce
+    would have (in the parameters' dtypes); ``compression_ratio``: their quotient.
 
     ``rank`` and ``world_size``: those of the process that ran (or saved) the state,
     None until known. Checkpoint it per rank (``f"hook_rank{dist.get_rank()}.pt"``).

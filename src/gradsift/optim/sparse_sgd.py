@@ -6,7 +6,9 @@ k coordinates changes only those k: applying ``-lr * values`` at the k indices g
 the same parameters without reading and writing all of them, up to one rounding:
 ``index_add_(alpha=-lr)`` rounds ``lr * g`` and then the sum, where the dense
 ``add_(g, alpha=-lr)`` may fuse them (FMA, one rounding). Where ``lr * g`` is exact (a
-power-of-two ``lr``) the two agree bit for bit; the fused GPU step rounds as this one.
+power-of-two ``lr`` in float32, float64 or bfloat16, away from their subnormals) the
+two agree bit for bit; not in float16, whose narrow exponent range makes ``lr * g``
+subnormal, and rounded, for a small gradient. The fused GPU step rounds as this one.
 """
 
 from __future__ import annotations
