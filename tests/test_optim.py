@@ -893,3 +893,29 @@ def test_momentum_correction_refuses_an_inner_momentum_a_scheduler_sets():
         opt.step()
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), params))
     assert not any(st["momentum"].any() for st in opt._own_state.values())
+
+
+@pytest.mark.parametrize("inner", ["sgd", "adam"])
+def test_a_frozen_gradient_zero_grad_zeroed_is_no_gradient_until_written(inner):
+    """A requires_grad=False parameter with a gradient set by hand lies outside the
+    flat buffer. Once zero_grad() zeroed it in place (and nothing wrote it), it is
+    held out as a trainable parameter's unreached view is: no step, residual kept,
+    Adam's moments unmoved. Written again in place, it counts again."""
+    t = nn.Parameter(torch.zeros(4))
+    f = nn.Parameter(torch.zeros(4), requires_grad=False)
+    make = {"sgd": lambda ps: torch.optim.SGD(ps, lr=1.0), "adam": torch.optim.Adam}[inner]
+    opt = TopK(make([t, f]), k=2, backend="torch")
+    g = torch.tensor([4.0, 3.0, 2.0, 1.0])
+    t.grad, f.grad = g.clone(), g * 1.01
+    opt.step()
+    before = [x.clone() for x in (t, f, opt.state[t]["residual"], opt.state[f]["residual"])]
+    inner_state = copy.deepcopy(opt.optimizer.state[f])
+    opt.zero_grad()
+    opt.step()  # nothing written: neither has a gradient
+    after = (t, f, opt.state[t]["residual"], opt.state[f]["residual"])
+    assert all(torch.equal(a, b) for a, b in zip(after, before))
+    assert str(opt.optimizer.state[f]) == str(inner_state)
+    assert f.grad is not None and not f.grad.any()  # handed back after the step
+    f.grad.add_(torch.tensor([0.0, 0.0, 0.0, 100.0]))  # written again: a gradient
+    opt.step()
+    assert f[3] != before[1][3]

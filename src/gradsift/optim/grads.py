@@ -19,6 +19,7 @@ from gradsift.checks import check_finite_grads
 from gradsift.optim.error_feedback import sparsify_, sparsify_buckets_, sparsify_tensors_
 from gradsift.optim.flat_buffer import FlatBucket, GradTracker, build_buckets
 from gradsift.optim.workspace import Workspace
+from gradsift.optim.zeroed_outside import ZeroedOutside
 
 __all__ = ["GradSet"]
 
@@ -42,6 +43,7 @@ class GradSet:
         self.tracker.touched |= set(touched)
         self.sparse = None  # (generation, version, indices) of bucket 0 right after a step
         self.absent: list[torch.Tensor] = []
+        self.zeroed = ZeroedOutside()  # outside gradients zero_grad zeroed
         self.flags: list[list[bool]] = []  # per bucket: which parameters have a gradient
 
     def stale(self) -> bool:
@@ -55,8 +57,13 @@ class GradSet:
 
     def outside(self, params) -> list[torch.Tensor]:
         """Those of ``params`` with a gradient that are not in the buckets (frozen when
-        the buckets were laid out, or with a gradient set by hand)."""
-        return [p for p in params if p.grad is not None and id(p) not in self.ids]
+        the buckets were laid out, or with a gradient set by hand), but not one that
+        ``zero_outside_`` zeroed and nothing wrote since (``ZeroedOutside``)."""
+        held = self.zeroed.holds
+        return [p for p in params if p.grad is not None and id(p) not in self.ids and not held(p)]
+
+    def zero_outside_(self, p: torch.Tensor) -> torch.Tensor:
+        return self.zeroed.zero_(p)
 
     def prepare(self, others: list[torch.Tensor], name_of):
         """Attach this step's gradients and check them; return the present ones.
@@ -115,6 +122,7 @@ class GradSet:
             self.flags.append(flags)
             present += [p for p, f in zip(b.params, flags) if f]
             self.absent += [p for p, f in zip(b.params, flags) if not f and p.grad is not None]
+        self.absent += self.zeroed.params()
         return present
 
     def select(self, present, in_buckets: bool, budget: Budget, scope: str, momentum, own):
@@ -220,8 +228,7 @@ class GradSet:
             self.restore_views(absent)
 
     def drop_absent(self) -> list[torch.Tensor]:
-        """Set the gradients of this step's parameters without one to None; return
-        those parameters (for ``restore_views``)."""
+        """This step's parameters without a gradient, their ``grad`` set to None."""
         absent, self.absent = self.absent, []
         for p in absent:
             p.grad = None
@@ -230,7 +237,7 @@ class GradSet:
     def restore_views(self, absent: list[torch.Tensor]) -> None:
         """Point the gradients that are still None back at their zeroed views."""
         for p in absent:
-            if p.grad is None:
+            if not self.zeroed.restore(p) and p.grad is None:
                 b, i = self._where(p)
                 b.give_(b.grad, i)
 

@@ -94,6 +94,9 @@ class ShardedGrads:
         """Those of ``params`` with a gradient that ``TopK`` does not manage."""
         return [p for p in params if p.grad is not None and id(p) not in self.ids]
 
+    def zero_outside_(self, p: torch.Tensor) -> torch.Tensor:
+        return p.grad.zero_()  # refused at the step (``prepare``), zeroed or not
+
     def drop_absent(self) -> list[torch.Tensor]:
         """Nothing to drop: a sharded parameter without a gradient has ``grad`` None."""
         return []

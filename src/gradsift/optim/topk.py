@@ -273,7 +273,7 @@ class TopK(HasBudget, OptimizerWrapper):
             self._build()
         self._grads.zero_(set_to_none)
         for p in self._grads.outside(self._params()):
-            p.grad = None if set_to_none else p.grad.zero_()
+            p.grad = None if set_to_none else self._grads.zero_outside_(p)
 
     def memory_bytes(self) -> dict[str, int]:
         """Bytes held beyond parameters and gradients: ``state``, ``workspace``."""
