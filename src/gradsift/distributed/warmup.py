@@ -18,8 +18,9 @@ def dgc_warmup(
     density: float, iterations_per_epoch: int, *, epochs: int = 4, start: float = 0.25
 ) -> list[tuple[int, float]]:
     """DGC's ramp: one epoch each at ``start * r^e``, ``e = 0 .. epochs-1``, with ``r``
-    such that the epoch after reaches ``density``: 0.25, 0.0625, 0.0156, 0.0039 and
-    then 0.001 for the paper's four epochs."""
+    such that the epoch after reaches ``density``: for the paper's four epochs to 0.001,
+    0.25, 0.0629, 0.0158, 0.0040 (``r`` = 0.2515; the paper's ramp divides by 4 each
+    epoch, 0.25, 0.0625, 0.0156, 0.0039, and jumps to 0.001)."""
     density = check_float("density", density, "(0, 1]")
     iterations_per_epoch = check_int("iterations_per_epoch", iterations_per_epoch, minimum=1)
     epochs = check_int("epochs", epochs, minimum=1)
