@@ -8,6 +8,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
+import gradsift
 from gradsift import masks_from_scores
 from gradsift.pruning import ALLOCATIONS, layer_counts, layer_densities
 from gradsift.pruning.allocation import raw_er
@@ -205,6 +206,56 @@ def test_counts_respect_caps_and_floors(shapes, sparsity, budget, fractions, flo
     assert all(floors[n] <= counts[n] <= caps[n] for n in named)
 
 
+def water_filled(quotas, caps, floors, total):
+    """``clamp(λ q_l, floor_l, cap_l)`` summing to ``total``, ``λ`` by bisection in
+    exact rationals (quotas positive)."""
+    q = {n: Fraction(v) for n, v in quotas.items()}
+
+    def at(lam):
+        return {n: min(caps[n], max(floors[n], lam * v)) for n, v in q.items()}
+
+    lo, hi = Fraction(0), Fraction(1)
+    while sum(at(hi).values()) < total:
+        hi *= 2
+    for _ in range(80):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if sum(at(mid).values()) < total else (lo, mid)
+    return {n: float(v) for n, v in at(hi).items()}
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 60), min_size=2, max_size=5),
+    kept=st.floats(0.05, 0.6),
+    alive=st.lists(st.floats(0.0, 1.0), min_size=5, max_size=5),
+    floor=st.integers(0, 30),
+)
+def test_caps_and_floors_together_water_fill_as_a_clamp(sizes, kept, alive, floor):
+    """Each layer's quota is ``clamp(λ q_l, floor, cap_l)``: a layer at its cap gives
+    back what the floors of others take (it held its cap, the others short)."""
+    shapes = {f"l{i}": (n,) for i, n in enumerate(sizes)}
+    caps = {f"l{i}": max(1, math.floor(a * n)) for i, (n, a) in enumerate(zip(sizes, alive))}
+    total_n = sum(sizes)
+    sparsity = 1 - kept
+    total = min(total_n - round(sparsity * total_n), sum(caps.values()))
+    floors = {n: min(floor, caps[n]) for n in shapes}
+    if sum(floors.values()) > total:
+        return
+    counts = layer_counts(shapes, sparsity, "uniform", caps=caps, floor=floor)
+    quotas = {n: (total_n - round(sparsity * total_n)) * shapes[n][0] / total_n for n in shapes}
+    real = water_filled(quotas, caps, floors, total)
+    assert counts == hamilton(real, total), (counts, real)
+
+
+def test_a_capped_layer_gives_back_what_the_floors_take():
+    # an already-pruned model (caps) with min_per_layer 10: layer 0 held its cap of 16
+    # before the floor of layer 3 took 10, and must come down to its share, 14.49
+    shapes = {"a": (7, 10), "b": (43, 2), "c": (79, 2), "d": (6, 2)}
+    caps = {"a": 16, "b": 47, "c": 45, "d": 12}
+    counts = layer_counts(shapes, 251 / 326, "uniform", caps=caps, floor=10)
+    assert counts == {"a": 14, "b": 18, "c": 33, "d": 10}
+
+
 def test_capped_layer_surplus_is_shared_in_proportion_to_quotas():
     # uniform at s = 0.5 over 100, 300, 100 weights: quotas 50, 150, 50 (K = 250). Layer
     # a has only 10 alive: the 240 left go to b and c as 150 : 50, i.e. 180 and 60
@@ -295,3 +346,24 @@ def test_budget_keyword_still_works_with_a_deprecation_warning():
         masks = prune_at_init(convnet(), "magnitude", 0.8, convnet_data(), budget="erk")
     shapes = {n: m.shape for n, m in masks.items()}
     assert {n: int(m.sum()) for n, m in masks.items()} == layer_counts(shapes, 0.8, "erk")
+
+
+@pytest.mark.parametrize(
+    ("widths", "sparsity", "floor"),
+    [
+        ([(2, 4), (27, 26), (26, 24), (21, 21)], 0.95, 0),  # layer 0 collapsed
+        ([(12, 26), (20, 27), (3, 40), (8, 9), (5, 10)], 0.95, 8),
+    ],
+)
+def test_rounds_end_at_the_one_shot_counts_of_a_layer_wise_allocation(widths, sparsity, floor):
+    """Largest remainder is not monotone in the total (the Alabama paradox): an
+    earlier round kept fewer in a layer than the last round's count, which it then
+    capped; the last round's counts floor every round."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*(torch.nn.Linear(i, o) for i, o in widths))
+    shapes = {f"{i}.weight": m.weight.shape for i, m in enumerate(model)}
+    expected = layer_counts(shapes, sparsity, "uniform", floor=floor)
+    masks = gradsift.prune_at_init(
+        model, "random", sparsity, allocation="uniform", iterations=100, min_per_layer=floor
+    )
+    assert {n: int(m.sum()) for n, m in masks.items()} == expected

@@ -100,7 +100,7 @@ def check_allocation(allocation, *, scope: str | None = None, budget=None) -> Al
 
 def raw_er(shape, *, kernel: bool) -> float:
     """RigL's raw density ``p_l`` of a weight shaped ``(out, in, *kernel)``."""
-    shape = [int(d) for d in shape]
+    shape = [int(d) for d in shape] or [1]  # a 0-dim parameter: one weight
     if kernel:
         return sum(shape) / math.prod(shape)
     n_out, n_in = shape[0], (shape[1] if len(shape) > 1 else 1)
@@ -172,19 +172,19 @@ def layer_counts(
     allocation: AllocationSpec,
     *,
     caps: dict[str, int] | None = None,
-    floor: int = 0,
+    floor: int | dict[str, int] = 0,
 ) -> dict[str, int]:
     """Exact kept counts per layer under ``allocation`` (see the module docstring).
 
     ``caps``: at most this many kept per layer (alive weights; default the layer's
     size); the total is then ``min(K, Σ caps)``. ``floor``: at least
-    ``min(floor, cap)`` per layer (``min_per_layer``).
+    ``min(floor, cap)`` per layer (``min_per_layer``), or a floor per layer.
     """
     densities = layer_densities(shapes, sparsity, allocation)
     sizes = {n: math.prod(int(d) for d in s) for n, s in shapes.items()}
     caps = {n: min(sizes[n], (caps or sizes)[n]) for n in sizes}
     total = min(kept_count(sum(sizes.values()), sparsity), sum(caps.values()))
-    floors = {n: min(floor, caps[n]) for n in sizes}
+    floors = {n: min(floor[n] if isinstance(floor, dict) else floor, caps[n]) for n in sizes}
     if sum(floors.values()) > total:
         raise ValueError(
             f"min_per_layer={floor} needs {sum(floors.values())} weights but sparsity "
@@ -195,25 +195,39 @@ def layer_counts(
 
 
 def _water_fill(quotas: dict, caps: dict, floors: dict, total: int) -> dict[str, float]:
-    """Real quotas scaled to sum to ``total``; those past a bound are pinned to it and
-    the rest rescaled over what is left, until every quota is within its bounds."""
-    pinned: dict[str, float] = {}
-    while True:
-        free = [n for n in quotas if n not in pinned]
-        left = total - sum(pinned.values())
-        weight = sum(quotas[n] for n in free)
-        if not free:
-            return {n: pinned[n] for n in quotas}
-        if weight <= 0:  # nothing to be proportional to: share by capacity
-            weight, base = sum(caps[n] for n in free), caps
-        else:
-            base = quotas
-        scaled = {n: base[n] * left / weight if weight else 0.0 for n in free}
-        high = {n: caps[n] for n in free if scaled[n] > caps[n]}
-        low = {n: floors[n] for n in free if scaled[n] < floors[n]}
-        if not high and not low:
-            return {n: pinned[n] if n in pinned else scaled[n] for n in quotas}
-        pinned.update(high if high else low)  # caps first: pinning one can move the other
+    """Real quotas ``clamp(λ·q_l, floor_l, cap_l)`` summing to ``total``: a layer at a
+    bound holds it and the others share the rest in proportion to their quotas. Where
+    even every layer with a quota at its cap leaves some over, the layers without a
+    quota share it in proportion to their caps."""
+    filled = _clamped(quotas, floors, caps, total)
+    if filled is None:
+        zero = [n for n in quotas if quotas[n] <= 0]
+        left = total - sum(caps[n] for n in quotas if quotas[n] > 0)
+        rest = _clamped({n: caps[n] for n in zero}, floors, caps, left) or {}
+        filled = {n: rest[n] if n in rest else float(caps[n]) for n in quotas}
+    return filled
+
+
+def _clamped(weights: dict, lo: dict, hi: dict, target: float) -> dict[str, float] | None:
+    """``clamp(λ·w_l, lo_l, hi_l)`` over ``weights`` with the ``λ >= 0`` at which they
+    sum to ``target`` (their sum grows with ``λ``, piecewise linearly between the
+    points where a layer meets a bound); None where no ``λ`` reaches it."""
+
+    def at(lam: float) -> dict[str, float]:
+        return {n: min(hi[n], max(lo[n], lam * w)) for n, w in weights.items()}
+
+    bends = sorted({0.0} | {b[n] / w for n, w in weights.items() if w > 0 for b in (lo, hi)})
+    if sum(at(bends[-1]).values()) < target:
+        return None
+    before = 0.0
+    for bend in bends:  # the first bend at which the sum reaches the target
+        if sum(at(bend).values()) >= target:
+            break
+        before = bend
+    base = sum(at(before).values())
+    mid = (before + bend) / 2  # the layers strictly within their bounds on the segment
+    slope = sum(w for n, w in weights.items() if lo[n] < mid * w < hi[n])
+    return at(bend if slope == 0 else before + (target - base) / slope)
 
 
 def _snap(q: float) -> float:

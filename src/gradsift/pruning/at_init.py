@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from gradsift.budget import kept_count
-from gradsift.pruning.allocation import check_allocation
+from gradsift.pruning.allocation import check_allocation, layer_counts
 from gradsift.pruning.install import held_mask, install_masks_
 from gradsift.pruning.masks import check_sparsity, select
 from gradsift.pruning.params import Selector, mask_of, original, owners, prunable
@@ -76,6 +76,8 @@ def prune_at_init(
             ``"global"`` is ``"global"``, ``"layer"`` is ``"uniform"``.
         iterations: rounds of score-then-prune (SynFlow uses 100). A method with its own
             schedule (``get_method(m).takes_sparsity``) runs it within each round.
+            Under a layer-wise allocation each round keeps at least the last round's
+            count in every layer, so the rounds end at the one-shot counts.
         schedule: ``"exponential"`` (density ``ρ^(i/n)``) or ``"linear"``.
         min_per_layer: keep at least this many weights per layer (collapse guard).
         shuffle: permute each layer's final mask (``sanity="shuffle-layer"``).
@@ -129,6 +131,9 @@ def prune_at_init(
             rescore = entry.rescorer(model, data, params=params, **checked_options(method, options))
     masks = _installed(model, params, sparsity)
     before = _kept_before(masks, sanity)
+    last = None  # the last round's counts, every round's floors (layer-wise, rounds)
+    if allocation != "global" and len(targets) > 1:
+        last = _last_counts(model, params, masks, sparsity, allocation, min_per_layer)
     for i, target in enumerate(targets):
         if rescore is not None:
             with scoring_rng(model):
@@ -143,6 +148,7 @@ def prune_at_init(
             previous=masks,
             min_per_layer=min_per_layer,
             consume=True,
+            floors=last,
         )
         del scores
         if rescore is None and i < len(targets) - 1:  # the next round scores the model
@@ -160,6 +166,15 @@ def _own_rounds(entry, target: float, spread: dict) -> dict:
     if not entry.takes_sparsity:
         return {}
     return {"sparsity": target, **{k: v for k, v in spread.items() if k in entry.options()}}
+
+
+def _last_counts(model, params, masks, sparsity: float, allocation, min_per_layer: int):
+    """The last round's counts per layer, the floors of every round: largest remainder
+    is not monotone in the total (the Alabama paradox), so an earlier round could
+    keep fewer in a layer than the last is due, capping it below its exact count."""
+    shapes = {n: original(m, a).shape for n, (m, a) in prunable(model, params, warn=False).items()}
+    alive = None if masks is None else {n: int(torch.count_nonzero(masks[n])) for n in shapes}
+    return layer_counts(shapes, sparsity, allocation, caps=alive, floor=min_per_layer)
 
 
 def _kept_before(masks: dict | None, sanity: str | None) -> dict | None:

@@ -99,11 +99,13 @@ def select(
     min_per_layer: int = 0,
     workspace: dict | None = None,
     consume: bool = False,
+    floors: dict[str, int] | None = None,
 ) -> dict[str, torch.Tensor]:
     """``masks_from_scores`` as boolean masks; ``consume=True`` removes each score from
     ``scores`` once copied into the flat buffer (and each mask from ``previous`` once
     read), so that a caller which owns the dicts never holds the scores and their
-    flat copy at once, nor the previous masks beside the new ones."""
+    flat copy at once, nor the previous masks beside the new ones. ``floors``: per
+    layer, in place of ``min_per_layer`` under a layer-wise allocation."""
     check_sparsity(sparsity)
     min_per_layer = check_int("min_per_layer", min_per_layer, minimum=0)
     names = list(scores)
@@ -125,7 +127,8 @@ def select(
                 previous.pop(n, None)
             del old
     if allocation != "global":
-        counts = layer_counts(shapes, sparsity, allocation, caps=alive, floor=min_per_layer)
+        floor = min_per_layer if floors is None else floors
+        counts = layer_counts(shapes, sparsity, allocation, caps=alive, floor=floor)
         return _split(flat, shapes, lambda part, n: _keep_top(part, counts[n]))
     keep = min(sum(alive.values()), kept_count(flat.numel(), sparsity))
     reserved = None
