@@ -152,6 +152,11 @@ def refusals(rank, world):
             out.append("no error")
         except ValueError as e:
             out.append(str(e))
+    try:  # a sharded model's scores: the sharded selection, named
+        gradsift.masks_from_scores(gradsift.score(model, "magnitude"), SPARSITY)
+        out.append("no error")
+    except TypeError as e:
+        out.append(str(e))
     return out, same_state(before, state(model))
 
 

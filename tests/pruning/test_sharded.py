@@ -66,9 +66,12 @@ def test_a_model_left_unsharded_by_a_forward_is_pruned_on_its_shards():
 
 
 def test_methods_and_options_without_a_sharded_form_refuse_before_any_work():
+    """And masks_from_scores on a sharded model's DTensor scores names the sharded
+    selection (it crashed deep in the flat buffer's storage)."""
     for messages, untouched in rank_results(run_world(prune_workers.refusals, 2), 2):
         assert "'grasp' cannot score a sharded model" in messages[0], messages[0]
         assert "allocation='uniform' is not supported on a sharded model" in messages[1]
+        assert "use gradsift.pruning.sharded.sharded_masks_from_scores" in messages[2]
         assert untouched
 
 

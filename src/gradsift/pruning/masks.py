@@ -30,6 +30,7 @@ from gradsift.pruning.boolean_mask import as_bool
 from gradsift.pruning.flat import shared_flat
 from gradsift.pruning.keep_where import keep_where_
 from gradsift.select import topk_indices, topk_mask
+from gradsift.select.dtensor import is_sharded
 
 __all__ = ["masks_from_scores", "shuffle_masks", "check_sparsity", "select"]
 
@@ -78,8 +79,14 @@ def masks_from_scores(
     per weight (a boolean mask) and never sorts. A weight pruned by ``previous``
     holds the dtype's lowest finite value, every live score is clamped just above it
     (a live ``-inf`` ties with the lowest finite scores), so no infinite key reaches
-    the selection.
+    the selection. A sharded model's scores (``DTensor`` s) take
+    ``gradsift.pruning.sharded.sharded_masks_from_scores``.
     """
+    if is_sharded(list(scores.values())):
+        raise TypeError(
+            "scores are DTensors (a sharded model's): use gradsift.pruning.sharded."
+            "sharded_masks_from_scores(scores, sparsity) on every rank, or prune_at_init"
+        )
     return select(
         scores,
         sparsity,
