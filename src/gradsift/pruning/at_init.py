@@ -75,9 +75,8 @@ def prune_at_init(
         scope: deprecated older name of ``allocation`` (a ``DeprecationWarning``):
             ``"global"`` is ``"global"``, ``"layer"`` is ``"uniform"``.
         iterations: rounds of score-then-prune (SynFlow uses 100). A method with its own
-            schedule (``get_method(m).takes_sparsity``) runs it within each round.
-            Under a layer-wise allocation each round keeps at least the last round's
-            count in every layer, so the rounds end at the one-shot counts.
+            schedule (``get_method(m).takes_sparsity``) runs it within each round. A
+            layer-wise allocation's rounds end at its one-shot counts.
         schedule: ``"exponential"`` (density ``ρ^(i/n)``) or ``"linear"``.
         min_per_layer: keep at least this many weights per layer (collapse guard).
         shuffle: permute each layer's final mask (``sanity="shuffle-layer"``).
@@ -131,25 +130,16 @@ def prune_at_init(
             rescore = entry.rescorer(model, data, params=params, **checked_options(method, options))
     masks = _installed(model, params, sparsity)
     before = _kept_before(masks, sanity)
-    last = None  # the last round's counts, every round's floors (layer-wise, rounds)
-    if allocation != "global" and len(targets) > 1:
-        last = _last_counts(model, params, masks, sparsity, allocation, min_per_layer)
-    for i, target in enumerate(targets):
+    last = _last_counts(model, params, masks, sparsity, allocation, min_per_layer, targets)
+    for i, target in enumerate(targets):  # every round's floors: the last one's counts
         if rescore is not None:
             with scoring_rng(model):
                 scores = rescore(masks)
         else:
             own = _own_rounds(entry, target, spread)
             scores = run_criterion(model, method, data, params=params, warn=False, **options, **own)
-        masks = select(
-            inverted(scores, sanity),
-            target,
-            allocation=allocation,
-            previous=masks,
-            min_per_layer=min_per_layer,
-            consume=True,
-            floors=last,
-        )
+        kept = dict(previous=masks, consume=True, floors=last)  # consumed as it is read
+        masks = select(inverted(scores, sanity), target, **spread, **kept)
         del scores
         if rescore is None and i < len(targets) - 1:  # the next round scores the model
             install_masks_(model, masks, owned=True)
@@ -168,10 +158,13 @@ def _own_rounds(entry, target: float, spread: dict) -> dict:
     return {"sparsity": target, **{k: v for k, v in spread.items() if k in entry.options()}}
 
 
-def _last_counts(model, params, masks, sparsity: float, allocation, min_per_layer: int):
-    """The last round's counts per layer, the floors of every round: largest remainder
-    is not monotone in the total (the Alabama paradox), so an earlier round could
-    keep fewer in a layer than the last is due, capping it below its exact count."""
+def _last_counts(model, params, masks, sparsity: float, allocation, min_per_layer: int, rounds):
+    """The last round's counts per layer, the floors of every round (None: one round,
+    or global): largest remainder is not monotone in the total (the Alabama paradox),
+    so an earlier round could keep fewer in a layer than the last is due, capping it
+    below its exact count."""
+    if allocation == "global" or len(rounds) < 2:
+        return None
     shapes = {n: original(m, a).shape for n, (m, a) in prunable(model, params, warn=False).items()}
     alive = None if masks is None else {n: int(torch.count_nonzero(masks[n])) for n in shapes}
     return layer_counts(shapes, sparsity, allocation, caps=alive, floor=min_per_layer)
