@@ -78,6 +78,10 @@ def invalid_case(rank, world, case):
     if rank == world - 1:
         if case == "k":
             k = 0
+        elif case == "huge_k":  # past int64 where the ranks' settings are summed
+            k = 2**63
+        elif case == "huge_offset":
+            x, kw = torch.ones(10), {"offset": 2**63}  # ties at the cut: the tie gather
         elif case == "shape":
             x = x.reshape(2, 5)
         else:

@@ -23,7 +23,7 @@ def test_nan_on_one_rank_raises_on_every_rank(world):
         assert message.startswith("ValueError") and "NaN" in message, message
 
 
-@pytest.mark.parametrize("case", ["k", "shape", "segments"])
+@pytest.mark.parametrize("case", ["k", "huge_k", "huge_offset", "shape", "segments"])
 def test_invalid_arguments_on_one_rank_raise_on_every_rank(case):
     # the invalid rank raised alone and the other waited in the all-reduce
     messages = rank_results(run_world(workers.invalid_case, 2, case, deadline_s=30), 2)

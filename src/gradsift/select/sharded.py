@@ -82,17 +82,26 @@ def _digit(keys: torch.Tensor, shift: int, top: bool) -> torch.Tensor:
 def _check_args(x, k, absolute, offset, segments):
     if x.dim() != 1:
         raise ValueError(f"x must be 1-D (a rank's flat shard), got shape {tuple(x.shape)}")
-    k = check_int("k", k, minimum=1)
+    k = _index("k", k, minimum=1)
     if segments is None:
-        return k, [(0, x.numel(), check_int("offset", offset, minimum=0))], False
+        return k, [(0, x.numel(), _index("offset", offset, minimum=0))], False
     out, start = [], 0
     for seg in segments:
-        g, n = (check_int("segments", v, minimum=0) for v in seg)
+        g, n = (_index("segments", v, minimum=0) for v in seg)
         out.append((start, n, g))
         start += n
     if start != x.numel():
         raise ValueError(f"segments must cover x: their lengths sum to {start}, x has {x.numel()}")
     return k, out, True
+
+
+def _index(name: str, value, *, minimum: int) -> int:
+    """``check_int``, below 2**62: counts, indices and their sums over the ranks are
+    int64 tensors (a larger one overflowed on this rank alone, the others waiting)."""
+    value = check_int(name, value, minimum=minimum)
+    if value >= 2**62:
+        raise ValueError(f"{name} must be below 2**62 (an int64 index), got {value}")
+    return value
 
 
 def _first_pass_extras(x, k, absolute, bits, varied, rank: int, world: int, invalid):
