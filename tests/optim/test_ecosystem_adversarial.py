@@ -1194,3 +1194,26 @@ def test_a_residual_of_another_shape_loads_nothing_and_names_its_entry(saved_sha
         other.load_state_dict(sd)
     assert other.optimizer.state_dict()["state"] == {}  # the inner optimizer loaded nothing
     assert not any(t.any() for t in other.state[s2].values())
+
+
+def test_a_load_pre_hook_rewriting_an_entry_leaves_the_callers_checkpoint():
+    """torch hands the pre-hooks a shallow copy of the state dict: a hook that sets an
+    entry in place changes what is loaded, not the checkpoint the caller holds."""
+
+    def run(opt, model):
+        loss_of(model, 0).backward()
+        opt.step()
+        sd = opt.state_dict()
+
+        def pre(o, state_dict):
+            state_dict["param_groups"] = [dict(g, lr=0.5) for g in state_dict["param_groups"]]
+
+        opt.register_load_state_dict_pre_hook(pre)
+        opt.load_state_dict(sd)
+        return opt.param_groups[0]["lr"], sd["param_groups"][0]["lr"]
+
+    m = make_model()
+    expected = run(_adam(m.parameters()), m)
+    assert expected[0] == 0.5 and expected[1] != 0.5
+    m = make_model()
+    assert run(TopK(_adam(m.parameters()), density=0.3), m) == expected

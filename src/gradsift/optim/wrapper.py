@@ -98,7 +98,9 @@ class OptimizerWrapper(Optimizer):
 
     def _with_load_state_dict_hooks(self, state_dict: dict, load) -> None:
         """``load(state_dict)`` between the load_state_dict pre hooks (which may return
-        a replacement dict) and post hooks, as torch runs them."""
+        a replacement dict) and post hooks, as torch runs them: on a shallow copy, so
+        that a hook rewriting an entry leaves the caller's checkpoint as it was."""
+        state_dict = state_dict.copy()
         for hook in self._optimizer_load_state_dict_pre_hooks.values():
             result = hook(self, state_dict)
             state_dict = state_dict if result is None else result
