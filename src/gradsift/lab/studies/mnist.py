@@ -23,6 +23,7 @@ from gradsift import list_methods
 from gradsift.lab.specs import RunSpec
 from gradsift.lab.studies.common import (
     accuracy_cell,
+    diverged_note,
     mean_accuracy,
     paper_rounds,
     study_runs,
@@ -157,7 +158,8 @@ def sanity_table(plans, methods, cells) -> str:
         row = [m]
         for p, v, x in headers:
             base, var = cells[(p.model, m, "global", None, x)], cells[(p.model, m, "global", v, x)]
-            row.append(f"{mean_accuracy(var) - mean_accuracy(base):+.1f}" if base and var else "")
+            gap = f"{mean_accuracy(var) - mean_accuracy(base):+.1f}" if base and var else ""
+            row.append(gap + diverged_note(base + var) if gap else "")
         rows.append(row)
     columns = [Column(0, "method")]
     columns += [Column(i + 1, f"{p.title} {v} {100 * x:g}%") for i, (p, v, x) in enumerate(headers)]
