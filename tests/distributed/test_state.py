@@ -179,6 +179,22 @@ def test_reshard_keeps_the_counters_and_restarts_the_memory():
         other.load_state_dict(saved, reshard="yes")
 
 
+def test_reshard_drops_the_loss_scale_and_loaded_keys_match_list_keys():
+    """A resharded state's memory is zero, so it is in no loss scale's units: it runs
+    without the GradScaler it was saved with. Keys given as lists (as state_dict
+    writes them) match after a load as before it."""
+    scaled = TopKHookState(density=0.2, grad_scaler=torch.amp.GradScaler("cpu"))
+    keys = [[0, 0], [0, 1]]
+    compress_(scaled, torch.randn(6), keys, [4, 2])
+    other = TopKHookState(density=0.2)
+    other.load_state_dict(scaled.state_dict(), reshard=True)
+    assert other.scale is None
+    compress_(other, torch.randn(6), keys, [4, 2])  # no "has no grad_scaler" error
+    again = TopKHookState(density=0.2)
+    again.load_state_dict(other.state_dict())
+    compress_(again, torch.randn(6), keys, [4, 2])  # not "does not match this model"
+
+
 def test_keys_come_from_the_first_step_and_a_reused_id_is_a_new_parameter():
     import weakref
 

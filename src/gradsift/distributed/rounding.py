@@ -22,8 +22,8 @@ def round_for_wire(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     (ulp) not above ``top``: exact in both dtypes, and the difference is a multiple
     of the same spacing and smaller than the value, so exact too. The sign is the
     value's; the rest stays behind and goes out in the steps after, as much as
-    ``top`` each. Only a value whose spacing exceeds ``top`` (float32 past 2**40, to
-    float16) sends nothing."""
+    ``top`` each. Only a value whose spacing exceeds ``top`` (float32 from 2**39 on,
+    to float16) sends nothing."""
     top = top_of_both(values.dtype, dtype)
     if top >= torch.finfo(values.dtype).max:  # every finite value rounds to a finite one
         return values.to(dtype)

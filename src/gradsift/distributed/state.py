@@ -228,8 +228,8 @@ class TopKHookState(HasBudget):
         self.iter, self.bytes_sent, self.bytes_dense = (
             int(state[n]) for n in ("iter", "bytes_sent", "bytes_dense")
         )
-        if reshard:
-            self.rank = self.world_size = self.residual = self.velocity = None
+        if reshard:  # memory at zero: no loss scale to keep it in either
+            self.rank = self.world_size = self.residual = self.velocity = self.scale = None
 
     def __getstate__(self):
         return {s: getattr(self, s) for s in self.__slots__ if s not in _THIS_PROCESS}
@@ -249,7 +249,7 @@ def compress_(state: TopKHookState, grad: torch.Tensor, keys: list, sizes: list[
     ``grad`` is the concatenation of parameters with ``keys`` and ``sizes``; it must
     match the state's stored layout (a state from another model raises).
     """
-    match_layout_(state, grad, list(zip(keys, sizes)))
+    match_layout_(state, grad, [(tuple(key), int(n)) for key, n in zip(keys, sizes)])
     k = state.budget_at(state.iter).resolve(grad.numel())
     return compress_into_(state, grad.detach().clone(), k, rounded=True)
 
