@@ -53,6 +53,11 @@ def test_cifar_from_local_folder(tmp_path):
     x, y = ds.train[0]
     assert x.shape == (3, 32, 32) and y.item() == 0
     assert ds.num_classes == 10
+    # standardised per channel with its own training images' statistics (CIFAR-100
+    # took CIFAR-10's constants)
+    train = ds.train.tensors[0]
+    torch.testing.assert_close(train.mean((0, 2, 3)), torch.zeros(3), atol=1e-5, rtol=0)
+    torch.testing.assert_close(train.std((0, 2, 3)), torch.ones(3), atol=1e-5, rtol=0)
 
 
 def test_cifar_missing_says_where(tmp_path):

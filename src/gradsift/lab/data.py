@@ -103,10 +103,6 @@ _CIFAR = {
     ),
     "cifar100": ("cifar-100-python", ["train"], "test", b"fine_labels", 100),
 }
-_MEAN = torch.tensor([0.4914, 0.4822, 0.4465]).view(1, 3, 1, 1)
-_STD = torch.tensor([0.2470, 0.2435, 0.2616]).view(1, 3, 1, 1)
-
-
 def _read_batch(path: Path, label_key: bytes):
     """One CIFAR python-pickle batch: ``(uint8 images (n, 3, 32, 32), labels)``.
 
@@ -137,11 +133,12 @@ def _read_cifar(paths: list[Path], label_key: bytes):
         xs.append(images)
         ys.extend(labels)
     x = torch.from_numpy(np.concatenate(xs)).float() / 255.0
-    return (x - _MEAN) / _STD, torch.tensor(ys, dtype=torch.int64)
+    return x, torch.tensor(ys, dtype=torch.int64)
 
 
 def cifar(root: str | Path, name: str = "cifar10") -> Dataset:
-    """CIFAR-10/100 from ``root`` in the python-pickle format (no download).
+    """CIFAR-10/100 from ``root`` in the python-pickle format (no download),
+    standardised per channel with the mean and std of its own training images.
 
     ``root`` must hold ``cifar-10-batches-py/`` (or ``cifar-100-python/``) as
     extracted from the official ``cifar-10-python.tar.gz``.
@@ -158,6 +155,9 @@ def cifar(root: str | Path, name: str = "cifar10") -> Dataset:
         )
     xtr, ytr = _read_cifar([base / f for f in train_files], label_key)
     xte, yte = _read_cifar([base / test_file], label_key)
+    mean = xtr.mean((0, 2, 3), keepdim=True)  # per channel, of this dataset's training images
+    std = xtr.std((0, 2, 3), keepdim=True)
+    xtr, xte = (xtr - mean) / std, (xte - mean) / std
     return Dataset(TensorDataset(xtr, ytr), TensorDataset(xte, yte), (3, 32, 32), classes)
 
 
