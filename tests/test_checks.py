@@ -28,6 +28,7 @@ def test_check_int_accepts_integers_and_refuses_bools_and_floats():
 def test_check_float_intervals(interval, inside, outside):
     for v in inside:
         assert check_float("x", v, interval) == v
+        assert check_float("x", np.float32(v), interval) == float(np.float32(v))  # numpy's
     for v in outside + [float("nan"), 10**400, -(10**400)]:  # an int past any float too
         with pytest.raises(ValueError, match=rf"x must be in \{interval[0]}"):
             check_float("x", v, interval)

@@ -7,6 +7,7 @@ each error names the argument and what it may be.
 from __future__ import annotations
 
 import math
+import numbers
 import operator
 
 import torch
@@ -46,10 +47,10 @@ def check_float(name: str, value, interval: str) -> float:
 
     The bounds may be ``inf``. NaN lies in no interval, so it is always refused.
     """
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):  # numpy's too
         raise TypeError(f"{name} must be a float, got {type(value).__name__}")
     lo, hi = (float(b) for b in interval[1:-1].split(","))
-    if isinstance(value, int) and value.bit_length() > 1000:  # past what a float holds?
+    if isinstance(value, numbers.Integral) and int(value).bit_length() > 1000:  # too big?
         try:
             float(value)
         except OverflowError:
