@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
 from torch import nn
 
-from gradsift.pruning.params import Selector, mask_of, original, prunable
+from gradsift.pruning.install import held_mask
+from gradsift.pruning.params import Selector, original, owners, prunable
 
 __all__ = ["sparsity_report", "SparsityReport", "LayerDensity"]
 
@@ -72,17 +74,19 @@ class SparsityReport:
 def sparsity_report(model: nn.Module, *, params: Selector = None) -> SparsityReport:
     """Kept/total weights per prunable layer (default: Linear and Conv weights).
 
-    A sharded model (FSDP2, ``DTensor`` weights: masks multiplied into the shards,
-    ``gradsift.pruning.sharded``) counts its nonzero weights instead, a collective:
-    call it on every rank."""
-    layers = []
+    A masked weight counts its mask, a tied one what any of its holders prunes (as
+    ``prune_at_init`` reads it). A weight without a mask counts its nonzero weights:
+    after ``prune.remove`` the zeros are the pruning. A sharded model (FSDP2,
+    ``DTensor`` weights: masks multiplied into the shards, ``gradsift.pruning.sharded``)
+    counts its nonzero weights too, a collective: call it on every rank."""
+    layers, holders = [], owners(model)
     for name, (module, attr) in prunable(model, params, warn=False).items():
-        mask = mask_of(module, attr)
         w = original(module, attr)
+        mask = held_mask(holders[id(w)])
         total = w.numel()
         if hasattr(w, "full_tensor"):  # a DTensor: the global count of nonzeros
             kept = int((w.detach() != 0).sum().full_tensor())
         else:
-            kept = total if mask is None else int((mask != 0).sum())
+            kept = int(torch.count_nonzero(w if mask is None else mask))
         layers.append(LayerDensity(name, total, kept))
     return SparsityReport(layers)
