@@ -85,6 +85,21 @@ def test_register_validates():
         del _METHODS["broken"]
 
 
+def test_an_option_the_callers_take_for_themselves_never_hides():
+    """score's own warn is not a method option (unknown, as any other), and a custom
+    option named as one of score's or prune_at_init's arguments (which would never
+    reach the method) is refused at registration."""
+    with pytest.raises(TypeError, match=r"unknown options \['warn'\]"):
+        gradsift.score(mlp(), "random", warn=False)
+
+    def taker(model, targets, data=None, *, iterations=1):
+        return {n: torch.ones_like(original(m, a)) for n, (m, a) in targets.items()}
+
+    with pytest.raises(ValueError, match=r"options \['iterations'\] of 'taker'"):
+        register_method("taker", taker)
+    assert "taker" not in _METHODS
+
+
 def test_checked_options_fill_in_the_criterions_own_defaults(square_method):
     # a rescorer gets every option with its value, registered defaults over fn's own
     assert checked_options("squared", {}) == {"power": 4}

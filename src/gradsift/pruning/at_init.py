@@ -136,8 +136,8 @@ def prune_at_init(
             with scoring_rng(model):
                 scores = rescore(masks)
         else:
-            own = _own_rounds(entry, target, spread)
-            scores = run_criterion(model, method, data, params=params, warn=False, **options, **own)
+            own = {**options, **_own_rounds(entry, target, spread)}
+            scores = run_criterion(model, method, data, params=params, warn=False, options=own)
         kept = dict(previous=masks, consume=True, floors=last)  # consumed as it is read
         masks = select(inverted(scores, sanity), target, **spread, **kept)
         del scores

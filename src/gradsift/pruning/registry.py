@@ -86,6 +86,13 @@ class Method:
 _METHODS: dict[str, Method] = {}
 
 
+# what score and prune_at_init take for themselves (allocation, min_per_layer and
+# sparsity do reach a method that takes them: prune_at_init passes its own)
+_CALLERS_OWN = {
+    "params", "scope", "iterations", "schedule", "shuffle", "sanity", "generator", "budget",
+}  # fmt: skip
+
+
 def register_method(
     name: str,
     fn: Callable[..., dict],
@@ -119,6 +126,12 @@ def register_method(
     unknown = sorted(set(method.defaults) - set(method.options()))
     if unknown:
         raise ValueError(f"defaults {unknown} are not keyword-only options of {name!r}")
+    taken = sorted(set(method.options()) & _CALLERS_OWN)
+    if taken:
+        raise ValueError(
+            f"options {taken} of {name!r} are score's or prune_at_init's own arguments, "
+            "which never reach a method: rename them"
+        )
     _METHODS[name] = method
     return method
 
@@ -196,7 +209,7 @@ def score(
     Returns:
         ``{name: tensor shaped like the weight}``.
     """
-    return run_criterion(model, method, data, params=params, **options)
+    return run_criterion(model, method, data, params=params, options=options)
 
 
 @torch.enable_grad()  # the criteria differentiate, also when called under no_grad
@@ -207,14 +220,15 @@ def run_criterion(
     *,
     params: Selector = None,
     warn: bool = True,
-    **options,
+    options: dict | None = None,
 ) -> dict[str, torch.Tensor]:
-    """``score``; ``warn=False`` leaves out the default selection's coverage warning."""
+    """``score`` with the method's ``options`` as a dict (so that none of them is
+    taken for ``warn``); ``warn=False`` leaves out the coverage warning."""
     entry = get_method(method)
     sharded = is_sharded_model(model)  # the one place that decides
     if sharded:
         check_shardable(entry)
-    options = checked_options(method, options)
+    options = checked_options(method, options or {})
     data = replayable(data)
     prunable(model, params, warn=warn)  # validate names (and warn) on the caller's model
     with scoring_rng(model):

@@ -220,7 +220,9 @@ def prune_shards(
     masks = None
     for target in targets:
         extra = {"sparsity": target} if takes_sparsity else {}
-        scores = run_criterion(model, method, data, params=params, warn=False, **options, **extra)
+        scores = run_criterion(
+            model, method, data, params=params, warn=False, options={**options, **extra}
+        )
         masks = sharded_masks_from_scores(scores, target, previous=masks)
         del scores
         apply_sharded_masks_(model, masks)
