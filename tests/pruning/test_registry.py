@@ -83,6 +83,13 @@ def test_register_validates():
             gradsift.score(mlp(), "broken")
     finally:
         del _METHODS["broken"]
+    numpy = lambda model, targets, data=None: {n: [0.0] for n in targets}  # noqa: E731
+    register_method("listed", numpy)
+    try:
+        with pytest.raises(TypeError, match="method 'listed': score of 1.weight must be a tensor"):
+            gradsift.score(mlp(), "listed")
+    finally:
+        del _METHODS["listed"]
 
 
 def test_an_option_the_callers_take_for_themselves_never_hides():
@@ -166,6 +173,10 @@ BAD_ARGUMENTS = [  # (call, error, message), each before any work
      "synflow: dtype must be a floating torch.dtype, got 'float32'"),
     (lambda: gradsift.score(mlp(), "random", seed=1.5), TypeError,
      "seed must be an int, got float"),
+    (lambda: gradsift.score(mlp(), "ntk_sap", input_shape=(12,), batch_size=4, seed=1.5), TypeError,
+     "seed must be an int, got float"),  # not torch's manual_seed error
+    (lambda: gradsift.prune_at_init(mlp(), "ntk_sap", 0.5, input_shape=(12,), batch_size=4,
+     seed=True, iterations=2), TypeError, "seed must be an int, got bool"),
     (lambda: gradsift.prune_at_init(mlp(), "random", 0.5, sanity="shuffle-layer", generator=3),
      TypeError, "generator must be a torch.Generator, got 3"),
     (lambda: _masks({}, 0.5), ValueError, "scores is empty"),

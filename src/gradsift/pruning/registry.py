@@ -270,6 +270,9 @@ def _check_scores(method: str, scores: dict, targets: dict) -> None:
         raise ValueError(f"method {method!r} must return scores for {sorted(targets)}, got {got}")
     for name, (module, attr) in targets.items():
         expected = tuple(original(module, attr).shape)
+        if not isinstance(scores[name], torch.Tensor):
+            kind = type(scores[name]).__name__
+            raise TypeError(f"method {method!r}: score of {name} must be a tensor, got {kind}")
         if tuple(scores[name].shape) != expected:
             raise ValueError(
                 f"method {method!r}: score of {name} has shape {tuple(scores[name].shape)}, "

@@ -61,7 +61,7 @@ def ntk_sap(
     ``reinit=False`` keeps the model's own weights for every draw."""
     shape = _noise_shape(data, input_shape, batch_size, split_batch)
     refuse_token_ids(model, "ntk_sap")
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator().manual_seed(check_int("seed", seed))
     return _round(model, targets, shape, gen, epsilon, repeats, reinit)
 
 
@@ -72,7 +72,7 @@ def ntk_sap_rescorer(
     round with the generator's next draws (the first round equals ``score``)."""
     o = checked_options("ntk_sap", options)
     shape = _noise_shape(data, o["input_shape"], o["batch_size"], o["split_batch"])
-    gen = torch.Generator().manual_seed(o["seed"])
+    gen = torch.Generator().manual_seed(check_int("seed", o["seed"]))
     work, targets = private_copy(model, params)
     refuse_token_ids(work, "ntk_sap")
 
