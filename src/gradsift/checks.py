@@ -50,12 +50,11 @@ def check_float(name: str, value, interval: str) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):  # numpy's too
         raise TypeError(f"{name} must be a float, got {type(value).__name__}")
     lo, hi = (float(b) for b in interval[1:-1].split(","))
-    if isinstance(value, numbers.Integral) and int(value).bit_length() > 1000:  # too big?
-        try:
-            float(value)
-        except OverflowError:
-            too_large = "an int too large for a float"
-            raise ValueError(f"{name} must be in {interval}, got {too_large}") from None
+    try:
+        float(value)
+    except OverflowError:  # an int past any float
+        too_large = "an int too large for a float"
+        raise ValueError(f"{name} must be in {interval}, got {too_large}") from None
     low_ok = value > lo if interval[0] == "(" else value >= lo
     high_ok = value < hi if interval[-1] == ")" else value <= hi
     if not (low_ok and high_ok) or math.isnan(value):

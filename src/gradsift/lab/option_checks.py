@@ -56,7 +56,7 @@ def check_folders(args: argparse.Namespace) -> None:
             parent = os.path.dirname(parent)
         if os.path.isdir(path):
             raise ValueError(f"--json: {path} is a folder, not a file")
-        if os.path.exists(parent) and not os.path.isdir(parent):
+        if not os.path.isdir(parent):
             raise ValueError(f"--json: {parent} is a file, not a folder")
 
 
